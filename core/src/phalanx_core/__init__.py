@@ -1,0 +1,83 @@
+"""phalanx-core: the interfaces, hook specs, specs and errors every phalanx
+plugin is written against. Depends on pluggy only; imports no backend."""
+
+from .accelerator import Accelerator, Availability, DevicesFlag, parse_device_indices
+from .checkpoint import CheckpointIO, TorchCheckpointIO
+from .collective import (
+    DEFAULT_TIMEOUT,
+    OPERATIONS,
+    REDUCE_OPS,
+    Collective,
+    CompletedWork,
+    NonMember,
+    Work,
+    check_rank,
+    check_reduce_op,
+)
+from .environment import ClusterEnvironment
+from .errors import (
+    CollectiveTimeoutError,
+    MisconfigurationError,
+    NotInGroupError,
+    PhalanxError,
+    PluginError,
+    UnavailableError,
+    UnknownNameError,
+    WorkerFailedError,
+)
+from .hookspecs import PROJECT, hookimpl
+from .launcher import Launcher
+from .precision import Precision
+from .specs import (
+    AcceleratorSpec,
+    CollectiveSpec,
+    EnvironmentSpec,
+    Kind,
+    LauncherSpec,
+    PrecisionSpec,
+    Spec,
+    StrategySpec,
+)
+from .strategy import Strategy
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "OPERATIONS",
+    "PROJECT",
+    "REDUCE_OPS",
+    "Accelerator",
+    "AcceleratorSpec",
+    "Availability",
+    "CheckpointIO",
+    "ClusterEnvironment",
+    "Collective",
+    "CollectiveSpec",
+    "CollectiveTimeoutError",
+    "CompletedWork",
+    "DevicesFlag",
+    "EnvironmentSpec",
+    "Kind",
+    "Launcher",
+    "LauncherSpec",
+    "MisconfigurationError",
+    "NonMember",
+    "NotInGroupError",
+    "PhalanxError",
+    "PluginError",
+    "Precision",
+    "PrecisionSpec",
+    "Spec",
+    "Strategy",
+    "StrategySpec",
+    "TorchCheckpointIO",
+    "UnavailableError",
+    "UnknownNameError",
+    "Work",
+    "WorkerFailedError",
+    "check_rank",
+    "check_reduce_op",
+    "hookimpl",
+    "parse_device_indices",
+]
+
+__version__ = "0.1.0"

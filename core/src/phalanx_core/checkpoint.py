@@ -1,0 +1,46 @@
+"""How a strategy writes and reads checkpoint files."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CheckpointIO", "TorchCheckpointIO"]
+
+
+class CheckpointIO(ABC):
+    """Writes and reads one checkpoint file. A strategy holds one."""
+
+    @abstractmethod
+    def save(self, state: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        """Write ``state`` (plain data and tensors) to ``path``, creating
+        its parent directories."""
+
+    @abstractmethod
+    def load(self, path: str | os.PathLike[str], *, weights_only: bool = True) -> dict[str, Any]:
+        """Read what :meth:`save` wrote. With ``weights_only`` (the
+        default) nothing but tensors and plain data is unpickled."""
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """``torch.save`` / ``torch.load``, writing through a temporary file so a
+    crash never leaves half a checkpoint at ``path``."""
+
+    def save(self, state: dict[str, Any], path: str | os.PathLike[str]) -> None:
+        import torch
+
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, target)
+
+    def load(self, path: str | os.PathLike[str], *, weights_only: bool = True) -> dict[str, Any]:
+        import torch
+
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no checkpoint file at {os.fspath(path)!r}")
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=weights_only)
+        return state

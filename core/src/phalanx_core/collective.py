@@ -1,0 +1,427 @@
+"""The Collective interface: how ranks talk.
+
+One contract, written once here, that every implementation meets — over
+torch.distributed, Horovod, XLA, MPI or a single process. Strategies only
+forward to it; they never talk to a backend themselves.
+
+The contract
+============
+
+**Ranks.** :attr:`~Collective.rank` and :attr:`~Collective.world_size` are
+this collective's own: in a subgroup made by :meth:`~Collective.new_group`,
+ranks are ``0 .. len(ranks) - 1`` in the order the ranks were given, and
+every ``src`` / ``dst`` argument is a rank *of that group*.
+:attr:`~Collective.global_ranks` maps them back to the ranks of the world.
+
+**Calls.** Every operation is collective: every rank of the group calls it,
+in the same order, with tensors of the same shape and dtype (except where an
+operation says otherwise). ``send`` and ``recv`` are the exceptions: only the
+two ranks involved call them.
+
+**In place or not.** ``broadcast``, ``all_reduce``, ``scatter`` and ``recv``
+write their result into the tensor they are given and return that same
+tensor; ``reduce`` writes the result into the tensor on ``dst`` (on other
+ranks the tensor's contents afterwards are unspecified: backends use it as
+scratch space). ``all_gather``, ``gather``, ``reduce_scatter`` and
+``all_to_all`` return new tensors and leave their inputs unchanged. An
+implementation whose backend returns new tensors (XLA) copies the result
+back where the contract says "in place".
+
+**Reduce ops** are named: ``"sum"``, ``"mean"``, ``"min"``, ``"max"``,
+``"product"`` (:data:`REDUCE_OPS`); an implementation may accept more
+(Horovod's ``"adasum"``) and lists them in :attr:`~Collective.reduce_ops`.
+``"mean"`` is the sum divided by the group's size; for integer tensors the
+division is floor division (as Python's ``//``) and the dtype is kept — the
+mean of ``[1, 2]`` over two ranks is ``1``. For bool tensors only ``"min"``
+(logical and) and ``"max"`` (logical or) are defined. An unknown name raises
+:class:`~phalanx_core.MisconfigurationError` listing the names that exist.
+
+**Async.** Tensor operations take ``async_op=True`` and then return a
+:class:`Work` handle at once; ``handle.wait()`` blocks until the operation
+is done and returns what the synchronous call would have returned. Object
+operations and ``send`` / ``recv`` are synchronous.
+
+**Subgroups.** ``new_group(ranks)`` is itself collective: every rank of this
+collective calls it with the same ``ranks``. Members get a collective over
+the subgroup. Non-members get a collective whose :attr:`~Collective.is_member`
+is false, whose ``rank`` is ``-1``, and whose every operation raises
+:class:`~phalanx_core.NotInGroupError` naming the group's ranks (see
+:class:`NonMember`, which implementations return for that).
+
+**Timeouts.** Each collective object has a timeout (seconds, given to its
+constructor, ``1800`` by default). An operation that does not complete
+within it raises :class:`~phalanx_core.CollectiveTimeoutError` naming the
+operation and, where the backend can tell, the ranks that did not arrive.
+
+**Refusals.** A collective that cannot do an operation lists it in
+:attr:`~Collective.unsupported` and does not implement it; calling it raises
+:class:`~phalanx_core.UnavailableError` naming the operation and the
+collective. Nothing is skipped silently.
+
+**Object operations** (``broadcast_object``, ``all_gather_object``,
+``gather_object``, ``scatter_object``) carry any picklable object. A rank
+receives an unpickled copy; the rank an object came from may get the object
+itself back.
+
+**Bad arguments** (a ``src`` outside the group, an op name that does not
+exist, a ``scatter_list`` of the wrong length, ``send`` to oneself) raise
+:class:`~phalanx_core.MisconfigurationError` before anything is sent.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .errors import MisconfigurationError, NotInGroupError, UnavailableError
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+    from .environment import ClusterEnvironment
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "OPERATIONS",
+    "REDUCE_OPS",
+    "Collective",
+    "CompletedWork",
+    "NonMember",
+    "Tensor",
+    "Work",
+    "check_rank",
+    "check_reduce_op",
+]
+
+#: A tensor of the collective's backend (``torch.Tensor``). Core imports no
+#: backend, so this is ``Any`` for the type checker.
+Tensor = Any
+
+#: The reduce op names every collective accepts.
+REDUCE_OPS: tuple[str, ...] = ("sum", "mean", "min", "max", "product")
+
+#: Seconds an operation may take before it raises CollectiveTimeoutError.
+DEFAULT_TIMEOUT = 1800.0
+
+#: Every operation of the contract, in the order the docs list them.
+OPERATIONS: tuple[str, ...] = (
+    "barrier",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "send",
+    "recv",
+    "broadcast_object",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object",
+)
+
+
+def check_reduce_op(op: str, allowed: Sequence[str] = REDUCE_OPS, *, collective: str = "") -> str:
+    """Return ``op`` lower-cased if it is one of ``allowed``; raise
+    :class:`MisconfigurationError` listing them otherwise."""
+    if isinstance(op, str):
+        name = op.lower()
+        if name in allowed:
+            return name
+    who = f" for the {collective!r} collective" if collective else ""
+    raise MisconfigurationError(
+        f"op={op!r} is not a reduce op{who}; use one of {', '.join(map(repr, allowed))}"
+    )
+
+
+def check_rank(value: int, world_size: int, *, operation: str, argument: str) -> int:
+    """Return ``value`` if it is a rank of a group of ``world_size``; raise
+    :class:`MisconfigurationError` naming the operation otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < world_size:
+        raise MisconfigurationError(
+            f"{operation}({argument}={value!r}): the ranks of this group are 0..{world_size - 1}; "
+            f"give {argument} as a rank of the group (not a world rank, in a subgroup)"
+        )
+    return value
+
+
+class Work(ABC):
+    """The handle an operation called with ``async_op=True`` returns."""
+
+    @abstractmethod
+    def wait(self) -> Any:
+        """Block until the operation is done; return what the synchronous
+        call would have returned. Raises what the synchronous call would
+        have raised (a timeout included)."""
+
+    @abstractmethod
+    def is_completed(self) -> bool:
+        """Return whether the operation is done, without blocking."""
+
+
+class CompletedWork(Work):
+    """A handle for an operation that already ran (or is lazy, as on XLA):
+    ``wait()`` returns ``result`` at once, or calls ``finish`` once first
+    to produce it."""
+
+    def __init__(self, result: Any = None, finish: Callable[[], Any] | None = None) -> None:
+        self._result = result
+        self._finish = finish
+
+    def wait(self) -> Any:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._result = finish()
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._finish is None
+
+
+class Collective(ABC):
+    """How ranks talk: the operations of the contract in this module's
+    docstring, for one backend.
+
+    Constructed by the registry as ``Collective(**spec_options)`` (at least
+    ``timeout``); :meth:`setup` joins (or adopts) the backend's group in each
+    rank, :meth:`teardown` leaves it.
+
+    Class attributes:
+        name: the collective's name, for messages.
+        reduce_ops: the reduce op names this collective accepts.
+        unsupported: operations this collective cannot do. Do not implement
+            them: the base class makes each raise
+            :class:`~phalanx_core.UnavailableError` naming it.
+    """
+
+    name: ClassVar[str] = "collective"
+    reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
+    unsupported: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.unsupported) - set(OPERATIONS)
+        if unknown:
+            raise TypeError(
+                f"{cls.__qualname__}.unsupported names {sorted(unknown)}, which are not "
+                f"operations of the contract ({', '.join(OPERATIONS)})"
+            )
+        for op in cls.unsupported:
+            if op not in cls.__dict__:
+                setattr(cls, op, _refusing(op))
+
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise MisconfigurationError(
+                f"{type(self).__name__}(timeout={timeout!r}): the timeout is a positive number of seconds"
+            )
+        self.timeout = float(timeout)
+
+    def _refusal(self, operation: str) -> Exception:
+        return UnavailableError(
+            f"{operation}() is not available on the {self.name!r} collective "
+            f"({type(self).__module__}.{type(self).__qualname__}); it cannot do "
+            f"{', '.join(sorted(self.unsupported))}. Use another collective for this "
+            "operation, e.g. resolve(..., collective='torch')"
+        )
+
+    # -- life cycle -------------------------------------------------------
+
+    @abstractmethod
+    def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
+        """Join the backend's group as ``environment.global_rank`` of
+        ``environment.world_size`` (rendezvous at ``main_address`` /
+        ``main_port`` where the backend needs it), or adopt a group the user
+        already made. ``accelerator`` tells the default transport (its
+        ``collective_backend``). Calling it again once set up does nothing."""
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Leave the group this collective made (not one it adopted). Safe
+        to call more than once."""
+
+    @property
+    @abstractmethod
+    def is_initialized(self) -> bool:
+        """Whether :meth:`setup` ran (or a group was adopted)."""
+
+    @property
+    @abstractmethod
+    def rank(self) -> int:
+        """This process's rank in this collective's group (``-1`` for a non-member)."""
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """The number of ranks in this collective's group."""
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The world rank of each rank of this group, in group-rank order."""
+        return tuple(range(self.world_size))
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this process belongs to the group (see :meth:`new_group`)."""
+        return True
+
+    # -- tensor operations -------------------------------------------------
+
+    @abstractmethod
+    def barrier(self, *, async_op: bool = False) -> Work | None:
+        """Block until every rank of the group has called it."""
+
+    @abstractmethod
+    def broadcast(self, tensor: Tensor, src: int = 0, *, async_op: bool = False) -> Tensor | Work:
+        """Copy ``src``'s ``tensor`` into ``tensor`` on every rank, in place;
+        return ``tensor``."""
+
+    @abstractmethod
+    def all_reduce(self, tensor: Tensor, op: str = "sum", *, async_op: bool = False) -> Tensor | Work:
+        """Reduce ``tensor`` across the group with ``op``, in place on every
+        rank; return ``tensor``."""
+
+    @abstractmethod
+    def reduce(
+        self, tensor: Tensor, dst: int = 0, op: str = "sum", *, async_op: bool = False
+    ) -> Tensor | Work:
+        """Reduce ``tensor`` across the group into ``tensor`` on ``dst``;
+        return ``tensor`` (whose contents on other ranks are unspecified)."""
+
+    @abstractmethod
+    def all_gather(self, tensor: Tensor, *, async_op: bool = False) -> list[Tensor] | Work:
+        """Return a new list of ``world_size`` tensors: element ``i`` is rank
+        ``i``'s ``tensor``."""
+
+    @abstractmethod
+    def gather(self, tensor: Tensor, dst: int = 0, *, async_op: bool = False) -> list[Tensor] | Work:
+        """On ``dst`` return the list ``all_gather`` would; on other ranks
+        return an empty list."""
+
+    @abstractmethod
+    def scatter(
+        self,
+        tensor: Tensor,
+        scatter_list: Sequence[Tensor] | None = None,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+    ) -> Tensor | Work:
+        """Copy ``scatter_list[i]`` from ``src`` into ``tensor`` on rank ``i``,
+        in place; return ``tensor``. ``scatter_list`` is given on ``src``
+        only (``world_size`` tensors shaped like ``tensor``)."""
+
+    @abstractmethod
+    def reduce_scatter(self, tensor: Tensor, op: str = "sum", *, async_op: bool = False) -> Tensor | Work:
+        """Reduce ``tensor`` across the group with ``op`` and return a new
+        tensor holding this rank's slice of the result along dimension 0
+        (``tensor.shape[0]`` must be divisible by ``world_size``)."""
+
+    @abstractmethod
+    def all_to_all(self, tensors: Sequence[Tensor], *, async_op: bool = False) -> list[Tensor] | Work:
+        """Send ``tensors[i]`` to rank ``i``; return a new list whose element
+        ``j`` is what rank ``j`` sent to this rank."""
+
+    @abstractmethod
+    def send(self, tensor: Tensor, dst: int, *, tag: int = 0) -> None:
+        """Send ``tensor`` to rank ``dst``, which calls :meth:`recv`."""
+
+    @abstractmethod
+    def recv(self, tensor: Tensor, src: int, *, tag: int = 0) -> Tensor:
+        """Receive into ``tensor``, in place, what rank ``src`` sent; return
+        ``tensor``."""
+
+    # -- object operations ---------------------------------------------------
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Return ``src``'s ``obj`` on every rank (other ranks' ``obj`` is
+        ignored)."""
+
+    @abstractmethod
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Return the list of every rank's ``obj``, indexed by rank."""
+
+    @abstractmethod
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any]:
+        """On ``dst`` return the list of every rank's ``obj``; on other ranks
+        an empty list."""
+
+    @abstractmethod
+    def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
+        """Return ``objs[rank]`` from ``src`` (``objs`` is given on ``src``
+        only, one object per rank)."""
+
+    # -- groups --------------------------------------------------------------
+
+    @abstractmethod
+    def new_group(self, ranks: Sequence[int]) -> Collective:
+        """Make a subgroup of ``ranks`` (ranks of this group). Collective:
+        every rank calls it. Members get a collective over the subgroup;
+        non-members get a :class:`NonMember`."""
+
+    def __repr__(self) -> str:
+        state = f"rank={self.rank}, world_size={self.world_size}" if self.is_initialized else "not set up"
+        return f"{type(self).__name__}({state})"
+
+
+def _refusing(operation: str) -> Callable[..., Any]:
+    def refuse(self: Collective, *args: Any, **kwargs: Any) -> Any:
+        raise self._refusal(operation)
+
+    refuse.__name__ = operation
+    refuse.__doc__ = "Not available on this collective: raises (see ``unsupported``)."
+    return refuse
+
+
+class NonMember(Collective):
+    """What :meth:`Collective.new_group` returns on a rank outside the group:
+    ``is_member`` is false, ``rank`` is ``-1``, and every operation raises
+    :class:`~phalanx_core.NotInGroupError` naming the group."""
+
+    unsupported = frozenset(OPERATIONS)
+
+    def __init__(self, ranks: Sequence[int], *, parent: str = "collective", world_rank: int = -1) -> None:
+        super().__init__()
+        self._parent = parent
+        self._ranks = tuple(ranks)
+        self._world_rank = world_rank
+
+    def _refusal(self, operation: str) -> Exception:
+        who = f"rank {self._world_rank}" if self._world_rank >= 0 else "this rank"
+        return NotInGroupError(
+            f"{operation}() called on a {self._parent!r} group of ranks {list(self._ranks)}, but "
+            f"{who} is not a member; call it only on the ranks of the group (check "
+            "`group.is_member` first)"
+        )
+
+    def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
+        """Nothing to join."""
+
+    def teardown(self) -> None:
+        """Nothing to leave."""
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    @property
+    def rank(self) -> int:
+        return -1
+
+    @property
+    def world_size(self) -> int:
+        return len(self._ranks)
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._ranks
+
+    @property
+    def is_member(self) -> bool:
+        return False
+
+    def new_group(self, ranks: Sequence[int]) -> Collective:
+        raise self._refusal("new_group")

@@ -1,0 +1,117 @@
+"""Every error phalanx raises on purpose.
+
+All are subclasses of :class:`PhalanxError`, so ``except PhalanxError`` catches
+them all; each is also a subclass of the built-in exception that fits it, so
+code that does not know phalanx still catches them (``ValueError``,
+``LookupError``, ``TimeoutError``, ``RuntimeError``).
+
+A message has four parts, in this order: what was asked for; who is
+responsible (``'horovod' (phalanx-horovod 0.1.0)``); what exists; what to do.
+Errors that wrap another one are raised ``from`` it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollectiveTimeoutError",
+    "MisconfigurationError",
+    "NotInGroupError",
+    "PhalanxError",
+    "PluginError",
+    "UnavailableError",
+    "UnknownNameError",
+    "WorkerFailedError",
+]
+
+
+class PhalanxError(Exception):
+    """Base class of every error phalanx raises on purpose."""
+
+
+class MisconfigurationError(PhalanxError, ValueError):
+    """Flags, options or arguments that cannot work together.
+
+    Raised before anything is built when the flags given to
+    ``phalanx.resolve`` are of the wrong type, conflict, or ask for something
+    impossible; raised by a part's constructor when it cannot work with the
+    parts it was given.
+    """
+
+
+class UnknownNameError(PhalanxError, LookupError):
+    """A name that no installed plugin gives, or that several plugins give.
+
+    The message lists the names that exist and every plugin that failed to
+    load, because the name asked for may live in one of those.
+    """
+
+    def __str__(self) -> str:  # LookupError would not quote, but be explicit.
+        return str(self.args[0]) if self.args else ""
+
+
+class PluginError(PhalanxError):
+    """A plugin that is broken: it failed to import, its hook raised or
+    returned the wrong thing, a hook name is misspelt, or a spec's target does
+    not exist. The message names the entry point and its distribution."""
+
+
+class UnavailableError(PhalanxError, RuntimeError):
+    """A part whose backend or hardware is missing here.
+
+    The message says what is missing and what to install (``pip install
+    phalanx-horovod[horovod]``) or where to run.
+    """
+
+
+class NotInGroupError(PhalanxError, RuntimeError):
+    """A collective operation called on a rank that is not a member of the
+    group (see :meth:`phalanx_core.Collective.new_group`)."""
+
+
+class CollectiveTimeoutError(PhalanxError, TimeoutError):
+    """A collective operation that did not complete within its timeout.
+
+    ``operation`` is the name of the operation (``"all_reduce"``);
+    ``missing_ranks`` the ranks that did not arrive, where the backend can
+    tell, else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        timeout: float | None = None,
+        missing_ranks: tuple[int, ...] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.timeout = timeout
+        self.missing_ranks = missing_ranks
+
+
+class WorkerFailedError(PhalanxError, RuntimeError):
+    """A rank of a launched job failed.
+
+    Raised by :meth:`phalanx_core.Launcher.launch` in the calling process after
+    every other rank was stopped. ``rank`` is the global rank that failed
+    first; ``exitcode`` its exit code (negative: killed by signal
+    ``-exitcode``), ``signal`` the signal's name when there was one, and
+    ``traceback`` the text of the exception raised on that rank, when the rank
+    lived long enough to write it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        exitcode: int | None = None,
+        signal: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.signal = signal
+        self.traceback = traceback

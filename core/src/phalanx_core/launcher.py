@@ -1,0 +1,70 @@
+"""The Launcher interface: how a job's processes come to exist."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from .environment import ClusterEnvironment
+
+__all__ = ["Launcher"]
+
+T = TypeVar("T")
+
+
+class Launcher(ABC):
+    """Makes the job's processes and runs a function in each.
+
+    Constructed by the registry as ``Launcher(environment=...,
+    num_processes=..., num_nodes=..., **spec_options)``: ``num_processes`` is
+    the number of ranks on this node (one per device), ``num_nodes`` the
+    number of nodes.
+
+    **The launch contract.** :meth:`launch` runs ``fn(*args, **kwargs)``
+    once per rank and returns, in the calling process, a list of every
+    rank's return value indexed by global rank. Return values cross process
+    boundaries by pickling; a launcher that cannot carry them (a launcher
+    that re-runs a script on other nodes) says in its docstring what it
+    returns instead. Where the launcher does not create processes
+    (``in_process``, under torchrun or srun), it returns ``[fn(...)]``: this
+    rank's value alone.
+
+    **The failure contract.** When any rank fails (raises, exits non-zero,
+    or is killed), every other rank is stopped within seconds, no process of
+    the job is left behind, and the caller gets
+    :class:`~phalanx_core.WorkerFailedError` naming the first rank that
+    failed, its exit code or signal, and its traceback. A launcher that
+    does not create processes lets the exception of ``fn`` through
+    unchanged, since nothing else needs stopping.
+
+    Callers never check a launcher's type: everything that differs between
+    launchers is behind :meth:`launch` and :attr:`is_interactive_compatible`.
+
+    Class attributes:
+        is_interactive_compatible: works in a notebook or REPL (it does not
+            re-run ``__main__``).
+        creates_processes: makes processes (``False`` for ``in_process``).
+    """
+
+    is_interactive_compatible: ClassVar[bool] = False
+    creates_processes: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        environment: ClusterEnvironment | None = None,
+        num_processes: int = 1,
+        num_nodes: int = 1,
+    ) -> None:
+        self.environment = environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+
+    @abstractmethod
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the list of
+        every rank's result, indexed by global rank (see the class's
+        contracts). Raises :class:`~phalanx_core.WorkerFailedError` when a
+        rank fails."""

@@ -1,0 +1,202 @@
+"""Specs: the plain data a plugin declares for each part it gives.
+
+A spec names a part and says where its code lives (``target``, a
+``"module:attr"`` string imported only when the name is used), what it needs
+(import names, checked with :func:`importlib.util.find_spec`, which imports
+nothing) and what to install when those are missing. Specs are frozen: the
+registry decides policy (duplicates, defaults, ``"auto"``); specs only carry
+data.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+__all__ = [
+    "AcceleratorSpec",
+    "CollectiveSpec",
+    "EnvironmentSpec",
+    "Kind",
+    "LauncherSpec",
+    "PrecisionSpec",
+    "Spec",
+    "StrategySpec",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class Kind(str, enum.Enum):
+    """The six kinds of part."""
+
+    ACCELERATOR = "accelerator"
+    ENVIRONMENT = "environment"
+    LAUNCHER = "launcher"
+    COLLECTIVE = "collective"
+    PRECISION = "precision"
+    STRATEGY = "strategy"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _freeze(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """What every spec has.
+
+    Attributes:
+        name: the name users type (``"ddp"``, ``"bf16-mixed"``). Letters,
+            digits, ``_ . -``; no ``:``, which separates a distribution from a
+            name in qualified names (``"phalanx-torch:ddp"``).
+        target: ``"package.module:Class"``, imported only when the part is
+            used.
+        summary: one line for ``phalanx list``.
+        needs: import names the part needs (``("torch",)``); checked without
+            importing anything.
+        install: what to run when ``needs`` are missing
+            (``"pip install 'phalanx-horovod[horovod]'"``).
+        options: keyword arguments given to the target's constructor, unless
+            the user gives the same one.
+        priority: higher wins when ``"auto"`` chooses between parts, and
+            decides the order of environment detection.
+        aliases: other names that mean this part (``"bf16"`` for
+            ``"bf16-mixed"``).
+    """
+
+    kind: ClassVar[Kind]
+
+    name: str
+    target: str
+    summary: str = ""
+    needs: tuple[str, ...] = ()
+    install: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for label, value in (("name", self.name), *(("alias", a) for a in self.aliases)):
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ValueError(
+                    f"{type(self).__name__} {label} {value!r} is not a valid name: use letters, "
+                    "digits and '_', '.', '-' (no ':', which separates a distribution from a name)"
+                )
+        if not isinstance(self.target, str) or not _TARGET.match(self.target):
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: target {self.target!r} is not of the form "
+                "'package.module:attribute'"
+            )
+        if isinstance(self.needs, str) or not all(isinstance(n, str) for n in self.needs):
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: needs must be a tuple of import names, "
+                f"got {self.needs!r}"
+            )
+        if not isinstance(self.options, Mapping):
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: options must be a mapping, got "
+                f"{type(self.options).__name__}"
+            )
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: priority must be an int, got {self.priority!r}"
+            )
+        object.__setattr__(self, "needs", tuple(self.needs))
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        object.__setattr__(self, "options", _freeze(self.options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceleratorSpec(Spec):
+    """An :class:`~phalanx_core.Accelerator`: the hardware."""
+
+    kind: ClassVar[Kind] = Kind.ACCELERATOR
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSpec(Spec):
+    """A :class:`~phalanx_core.ClusterEnvironment`: where ranks come from.
+
+    Environments are detected in order of ``priority``, highest first; the
+    first whose ``detect()`` is true is used. Give the default environment
+    (one that always detects) the lowest priority.
+    """
+
+    kind: ClassVar[Kind] = Kind.ENVIRONMENT
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherSpec(Spec):
+    """A :class:`~phalanx_core.Launcher`: how processes come to exist.
+
+    Attributes:
+        interactive: the launcher works in a notebook or REPL (it does not
+            re-run a script).
+        creates_processes: the launcher makes processes. Launchers that do
+            not (``in_process``) are the ones used where a cluster
+            environment already made them (torchrun, srun, mpirun).
+    """
+
+    kind: ClassVar[Kind] = Kind.LAUNCHER
+    interactive: bool = False
+    creates_processes: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveSpec(Spec):
+    """A :class:`~phalanx_core.Collective`: how ranks talk."""
+
+    kind: ClassVar[Kind] = Kind.COLLECTIVE
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionSpec(Spec):
+    """A :class:`~phalanx_core.Precision`: numerics (``"bf16-mixed"``)."""
+
+    kind: ClassVar[Kind] = Kind.PRECISION
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec(Spec):
+    """A :class:`~phalanx_core.Strategy`: the composition, and its default parts.
+
+    Attributes:
+        launcher: the launcher used when the user names none.
+        collective: the collective used when the user names none.
+        environment: an environment to use instead of detection, or ``None``
+            to detect one.
+        accelerators: the accelerators this strategy works with; empty means
+            any. A user asking for another one gets an error.
+        parallel: the strategy runs one process per device and can use more
+            than one device; a strategy that is not parallel uses exactly one.
+    """
+
+    kind: ClassVar[Kind] = Kind.STRATEGY
+    launcher: str = "in_process"
+    collective: str = "single_device"
+    environment: str | None = None
+    accelerators: tuple[str, ...] = ()
+    parallel: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "accelerators", tuple(self.accelerators))
+
+
+SPEC_TYPES: dict[Kind, type[Spec]] = {
+    Kind.ACCELERATOR: AcceleratorSpec,
+    Kind.ENVIRONMENT: EnvironmentSpec,
+    Kind.LAUNCHER: LauncherSpec,
+    Kind.COLLECTIVE: CollectiveSpec,
+    Kind.PRECISION: PrecisionSpec,
+    Kind.STRATEGY: StrategySpec,
+}

@@ -1,0 +1,350 @@
+"""The Strategy: one part of each kind, composed.
+
+:class:`Strategy` is concrete: it is single-process training on one device,
+with every collective call forwarded to its :class:`~phalanx_core.Collective`
+and every numeric step to its :class:`~phalanx_core.Precision`. A parallel
+strategy (DDP, FSDP, Horovod) subclasses it and overrides what it wraps
+(:meth:`setup_module`, :meth:`setup_optimizer`, :meth:`no_backward_sync`,
+checkpointing). No strategy talks to a backend for communication itself.
+
+Core never imports torch at import time; the few methods that need it
+(clipping, checkpoints, the init context) import it when called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from .checkpoint import CheckpointIO, TorchCheckpointIO
+from .errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+    from .collective import Collective, Tensor, Work
+    from .environment import ClusterEnvironment
+    from .launcher import Launcher
+    from .precision import Precision
+
+__all__ = ["Strategy"]
+
+T = TypeVar("T")
+
+
+def _run_rank(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """What a launcher runs in every rank: set the strategy up, call the
+    user's function with it, tear it down."""
+    strategy.setup_environment()
+    try:
+        return fn(strategy, *args, **kwargs)
+    finally:
+        strategy.teardown()
+
+
+class Strategy:
+    """The composition of the six kinds of part, and the training API.
+
+    Constructed by the registry as ``Strategy(accelerator=..., environment=...,
+    collective=..., precision=..., launcher=..., parallel_devices=[...],
+    num_nodes=..., **options)``; ``parallel_devices`` holds one device per
+    local rank.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator,
+        environment: ClusterEnvironment,
+        collective: Collective,
+        precision: Precision,
+        launcher: Launcher,
+        parallel_devices: Sequence[Any] = (),
+        num_nodes: int = 1,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        self.accelerator = accelerator
+        self.environment = environment
+        self.collective = collective
+        self.precision = precision
+        self.launcher = launcher
+        self.parallel_devices = list(parallel_devices)
+        self.num_nodes = num_nodes
+        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+
+    # -- where this rank is -------------------------------------------------
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the job."""
+        return self.environment.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return self.environment.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """The rank of this process's node."""
+        return self.environment.node_rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the job."""
+        return self.environment.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is rank 0 of the job."""
+        return self.global_rank == 0
+
+    @property
+    def root_device(self) -> Any:
+        """The device of this local rank."""
+        if not self.parallel_devices:
+            return self.accelerator.get_device(0)
+        return self.parallel_devices[self.local_rank]
+
+    # -- life cycle ---------------------------------------------------------
+
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+        """Run ``fn(strategy, *args, **kwargs)`` on every rank through the
+        launcher; return every rank's result, indexed by global rank (see
+        :class:`~phalanx_core.Launcher`). The strategy is set up before
+        ``fn`` runs and torn down after."""
+        return self.launcher.launch(_run_rank, self, fn, args, kwargs)
+
+    def setup_environment(self) -> None:
+        """Prepare this rank: its device, then the collective's group."""
+        self.accelerator.setup_device(self.root_device)
+        self.collective.setup(self.environment, self.accelerator)
+
+    def setup(self, module: Any, *optimizers: Any) -> Any:
+        """Prepare a module and its optimizers for training: precision
+        conversion, device placement, then the strategy's wrapping.
+
+        Each optimizer may be an optimizer or a callable that makes one from
+        the module's parameters (``functools.partial(torch.optim.SGD,
+        lr=0.1)``), which lets the strategy make it after wrapping. Returns
+        the module, or ``(module, *optimizers)`` when optimizers are given.
+        """
+        module = self.precision.convert_module(module)
+        module = self.module_to_device(module)
+        module = self.setup_module(module)
+        made = [
+            self.setup_optimizer(opt if hasattr(opt, "step") else _make_optimizer(opt, module))
+            for opt in optimizers
+        ]
+        return (module, *made) if made else module
+
+    def setup_module(self, module: Any) -> Any:
+        """Wrap a module already on its device (DDP, FSDP); the base returns
+        it as it is."""
+        return module
+
+    def setup_optimizer(self, optimizer: Any) -> Any:
+        """Wrap an optimizer (Horovod's DistributedOptimizer); the base
+        returns it as it is."""
+        return optimizer
+
+    def module_to_device(self, module: Any) -> Any:
+        """Move ``module`` to :attr:`root_device`; return it."""
+        return module.to(self.root_device)
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move every tensor in ``batch`` (nested lists, tuples and dicts)
+        to :attr:`root_device`, converted by the precision."""
+        return self.precision.convert_input(_to_device(batch, self.root_device))
+
+    def teardown(self) -> None:
+        """Leave the group and release what setting up took."""
+        self.collective.teardown()
+        self.precision.teardown()
+        self.accelerator.teardown()
+        self.environment.teardown()
+
+    # -- training steps -----------------------------------------------------
+
+    def forward_context(self) -> contextlib.AbstractContextManager[None]:
+        """The precision's context around the forward pass."""
+        return self.precision.forward_context()
+
+    def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
+        """Run backward from ``tensor`` through the precision."""
+        self.precision.backward(tensor, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any] | None = None) -> Any:
+        """Step ``optimizer`` through the precision."""
+        return self.precision.optimizer_step(optimizer, closure)
+
+    def clip_gradients(
+        self,
+        module: Any,
+        optimizer: Any,
+        *,
+        max_norm: float | None = None,
+        clip_val: float | None = None,
+        norm_type: float = 2.0,
+    ) -> Any:
+        """Clip gradients by norm (``max_norm``, returning the total norm)
+        or by value (``clip_val``); exactly one of the two."""
+        import torch
+
+        if (max_norm is None) == (clip_val is None):
+            raise MisconfigurationError(
+                "clip_gradients() needs exactly one of max_norm= (clip by norm) or clip_val= "
+                f"(clip by value); got max_norm={max_norm!r}, clip_val={clip_val!r}"
+            )
+        self.precision.unscale_gradients(optimizer)
+        if clip_val is not None:
+            torch.nn.utils.clip_grad_value_(module.parameters(), clip_val)
+            return None
+        return torch.nn.utils.clip_grad_norm_(module.parameters(), float(max_norm or 0), norm_type=norm_type)
+
+    def no_backward_sync(self, module: Any, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
+        """A context in which backward does not synchronise gradients across
+        ranks (gradient accumulation). The base has nothing to synchronise."""
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def module_init_context(self) -> Generator[None, None, None]:
+        """A context in which modules are created directly on
+        :attr:`root_device`."""
+        import torch
+
+        with torch.device(self.root_device):
+            yield
+
+    # -- checkpoints ---------------------------------------------------------
+
+    def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+        """Save ``state`` to ``path``: modules and optimizers in it are saved
+        as their ``state_dict()``, with the precision's state under
+        ``"precision"``. Rank 0 writes; every rank waits for it."""
+        if self.is_global_zero:
+            self.checkpoint_io.save(self._to_state(state), path)
+        if self.world_size > 1:
+            self.barrier()
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        state: Mapping[str, Any] | None = None,
+        *,
+        strict: bool = True,
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        """Load a checkpoint from ``path``. Modules and optimizers in
+        ``state`` are restored in place from it; the remaining entries of
+        the file are returned. With ``strict``, a key of ``state`` missing
+        from the file is an error, and so are mismatched module keys."""
+        loaded = self.checkpoint_io.load(path, weights_only=weights_only)
+        if "precision" in loaded:
+            self.precision.load_state_dict(loaded.pop("precision"))
+        for key, target in (state or {}).items():
+            if key not in loaded:
+                if strict:
+                    raise MisconfigurationError(
+                        f"load_checkpoint({os.fspath(path)!r}): the file has no {key!r}; it has "
+                        f"{sorted(loaded)}. Pass strict=False to load what is there"
+                    )
+                continue
+            value = loaded.pop(key)
+            if hasattr(target, "load_state_dict"):
+                if _is_module(target):
+                    target.load_state_dict(value, strict=strict)
+                else:
+                    target.load_state_dict(value)
+        return loaded
+
+    def _to_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()}
+        precision_state = self.precision.state_dict()
+        if precision_state:
+            out["precision"] = precision_state
+        return out
+
+    # -- collectives, forwarded ---------------------------------------------
+
+    def barrier(self) -> None:
+        """Block until every rank arrives (:meth:`Collective.barrier`)."""
+        self.collective.barrier()
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        """:meth:`Collective.broadcast`, in place."""
+        return self.collective.broadcast(tensor, src)
+
+    def all_reduce(self, tensor: Tensor, op: str = "sum", *, async_op: bool = False) -> Tensor | Work:
+        """:meth:`Collective.all_reduce`, in place."""
+        return self.collective.all_reduce(tensor, op, async_op=async_op)
+
+    def reduce(self, tensor: Tensor, dst: int = 0, op: str = "sum") -> Tensor:
+        """:meth:`Collective.reduce`."""
+        return self.collective.reduce(tensor, dst, op)
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """:meth:`Collective.all_gather`."""
+        return cast(list[Any], self.collective.all_gather(tensor))
+
+    def gather(self, tensor: Tensor, dst: int = 0) -> list[Tensor]:
+        """:meth:`Collective.gather`."""
+        return cast(list[Any], self.collective.gather(tensor, dst))
+
+    def scatter(self, tensor: Tensor, scatter_list: Sequence[Tensor] | None = None, src: int = 0) -> Tensor:
+        """:meth:`Collective.scatter`."""
+        return self.collective.scatter(tensor, scatter_list, src)
+
+    def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """:meth:`Collective.reduce_scatter`."""
+        return self.collective.reduce_scatter(tensor, op)
+
+    def all_to_all(self, tensors: Sequence[Tensor]) -> list[Tensor]:
+        """:meth:`Collective.all_to_all`."""
+        return cast(list[Any], self.collective.all_to_all(tensors))
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """:meth:`Collective.broadcast_object`."""
+        return self.collective.broadcast_object(obj, src)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """:meth:`Collective.all_gather_object`."""
+        return self.collective.all_gather_object(obj)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)  # noqa: T201 - the user asked to print
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{kind}={type(getattr(self, kind)).__name__}"
+            for kind in ("accelerator", "environment", "collective", "precision", "launcher")
+        )
+        return f"{type(self).__name__}({parts})"
+
+
+def _make_optimizer(factory: Any, module: Any) -> Any:
+    if not callable(factory):
+        raise MisconfigurationError(
+            f"setup(module, {factory!r}): an optimizer must be an optimizer (with .step) or a "
+            "callable that makes one from the module's parameters"
+        )
+    return factory(module.parameters())
+
+
+def _is_module(obj: Any) -> bool:
+    return hasattr(obj, "parameters") and hasattr(obj, "named_modules")
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    if hasattr(batch, "to") and callable(batch.to) and not isinstance(batch, type):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch

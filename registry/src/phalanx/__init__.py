@@ -1,0 +1,102 @@
+"""phalanx: names to composed distributed-training strategies.
+
+    import phalanx
+    strategy = phalanx.resolve("single_device", accelerator="cpu")
+    results = strategy.launch(train, 100)
+
+Parts come from plugins installed as distributions with entry points in
+the ``phalanx.plugins`` group; :class:`Registry` finds them,
+:func:`resolve` composes them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from phalanx_core.errors import (
+    CollectiveTimeoutError,
+    MisconfigurationError,
+    NotInGroupError,
+    PhalanxError,
+    PluginError,
+    UnavailableError,
+    UnknownNameError,
+    WorkerFailedError,
+)
+
+from ._discovery import PluginRecord, Provider
+from ._plan import Choice, Plan
+from ._registry import Entry, Registry
+
+if TYPE_CHECKING:
+    from phalanx_core import Strategy
+
+__all__ = [
+    "Choice",
+    "CollectiveTimeoutError",
+    "Entry",
+    "MisconfigurationError",
+    "NotInGroupError",
+    "PhalanxError",
+    "Plan",
+    "PluginError",
+    "PluginRecord",
+    "Provider",
+    "Registry",
+    "UnavailableError",
+    "UnknownNameError",
+    "WorkerFailedError",
+    "default_registry",
+    "plan",
+    "resolve",
+]
+
+__version__ = "0.1.0"
+
+_default: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The registry :func:`resolve` uses, built from the installed plugins
+    on first use."""
+    global _default
+    if _default is None:
+        _default = Registry()
+    return _default
+
+
+def plan(strategy: Any = "auto", **flags: Any) -> Plan:
+    """:meth:`Registry.plan` on the default registry."""
+    return default_registry().plan(strategy, **flags)
+
+
+def resolve(
+    strategy: Any = "auto",
+    *,
+    accelerator: Any = "auto",
+    devices: Any = "auto",
+    num_nodes: int = 1,
+    precision: Any = "32-true",
+    collective: Any = None,
+    launcher: Any = None,
+    environment: Any = None,
+    **options: Any,
+) -> Strategy:
+    """Turn names into a composed, ready :class:`~phalanx_core.Strategy`.
+
+    ``resolve("ddp", collective="mpi")`` is DDP over the MPI collective. Each
+    flag is a name, a ready instance, or the default; ``options`` go to the
+    strategy's constructor. Runs on the default registry
+    (:func:`default_registry`); see :meth:`Registry.plan` for the rules.
+    """
+    return default_registry().resolve(
+        strategy,
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        precision=precision,
+        collective=collective,
+        launcher=launcher,
+        environment=environment,
+        **options,
+    )

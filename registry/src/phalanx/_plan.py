@@ -1,0 +1,97 @@
+"""A Plan: the parts chosen for a strategy, each with who gave it and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx_core.accelerator import DevicesFlag
+from phalanx_core.specs import Kind, Spec
+
+from ._discovery import Provider
+
+__all__ = ["Choice", "Plan"]
+
+#: The order parts are built in, and shown in.
+BUILD_ORDER = (
+    Kind.STRATEGY,
+    Kind.ACCELERATOR,
+    Kind.ENVIRONMENT,
+    Kind.PRECISION,
+    Kind.COLLECTIVE,
+    Kind.LAUNCHER,
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One chosen part: its name, who gave it, and why it was chosen.
+
+    ``instance`` is set when the caller passed a ready object instead of a
+    name (then ``spec`` and ``provider`` are ``None``).
+    """
+
+    kind: Kind
+    name: str
+    reason: str
+    spec: Spec | None = None
+    provider: Provider | None = None
+    instance: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "name": self.name,
+            "target": self.spec.target if self.spec else None,
+            "plugin": self.provider.plugin if self.provider else None,
+            "distribution": self.provider.distribution if self.provider else None,
+            "version": self.provider.version if self.provider else None,
+            "reason": self.reason,
+            "options": {k: repr(v) for k, v in self.options.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Plain data: every part of a strategy, chosen but not built.
+
+    ``registry.build(plan)`` imports the targets and constructs the parts;
+    :meth:`explain` renders the plan for people, :meth:`to_dict` for scripts.
+    """
+
+    strategy: Choice
+    accelerator: Choice | None
+    environment: Choice | None
+    precision: Choice | None
+    collective: Choice | None
+    launcher: Choice | None
+    devices: DevicesFlag = "auto"
+    num_nodes: int = 1
+
+    def parts(self) -> list[Choice]:
+        """The chosen parts in build order (a strategy instance has none)."""
+        return [c for c in (getattr(self, str(k)) for k in BUILD_ORDER) if c is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": self.devices if isinstance(self.devices, (int, str)) else list(self.devices),
+            "num_nodes": self.num_nodes,
+            "parts": {str(c.kind): c.to_dict() for c in self.parts()},
+        }
+
+    def explain(self) -> str:
+        """The plan as aligned text: one line per part, then its reason."""
+        rows = []
+        for c in self.parts():
+            source = str(c.provider) if c.provider else "an instance you passed"
+            rows.append((str(c.kind), c.name, source, c.reason))
+        width = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [f"devices={self.devices!r} num_nodes={self.num_nodes}"]
+        for kind, name, source, reason in rows:
+            lines.append(f"{kind:<{width[0]}}  {name:<{width[1]}}  {source:<{width[2]}}  {reason}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()

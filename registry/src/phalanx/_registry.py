@@ -1,0 +1,368 @@
+"""The Registry: every part of every plugin, by kind and name."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from phalanx_core import hookspecs
+from phalanx_core.errors import MisconfigurationError, PluginError, UnavailableError, UnknownNameError
+from phalanx_core.hookspecs import HOOKS, PROJECT
+from phalanx_core.specs import SPEC_TYPES, Kind, Spec
+
+from ._discovery import DEBUG_VAR, PluginRecord, Provider, normalize, plugin_filters, select_entry_points
+from ._plan import Plan
+from ._resolve import build as _build
+from ._resolve import plan as _plan
+
+if TYPE_CHECKING:
+    from phalanx_core import Strategy
+    from phalanx_core.accelerator import DevicesFlag
+
+__all__ = ["Entry", "Registry"]
+
+RUNTIME = "<runtime>"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A spec and who gave it."""
+
+    spec: Spec
+    provider: Provider
+
+    @property
+    def kind(self) -> Kind:
+        return self.spec.kind
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.provider.distribution or RUNTIME}:{self.spec.name}"
+
+    def missing(self) -> list[str]:
+        """The import names in ``needs`` that are not installed (nothing is imported)."""
+        return [n for n in self.spec.needs if importlib.util.find_spec(n.partition(".")[0]) is None]
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name!r} from {self.provider}"
+
+    def check_installed(self) -> None:
+        """Raise :class:`UnavailableError` when the spec's needs are missing."""
+        missing = self.missing()
+        if missing:
+            todo = self.spec.install or f"pip install {' '.join(missing)}"
+            raise UnavailableError(
+                f"{self.describe()} needs {', '.join(missing)}, which "
+                f"{'is' if len(missing) == 1 else 'are'} not installed; run: {todo}"
+            )
+
+    def load(self) -> Any:
+        """Import the spec's target and return it. Raises
+        :class:`UnavailableError` when its needs are missing and
+        :class:`PluginError`, naming the distribution, when the target does
+        not exist."""
+        self.check_installed()
+        module_name, _, attr = self.spec.target.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except Exception as exc:
+            raise PluginError(
+                f"{self.describe()}: its target {self.spec.target!r} cannot be imported "
+                f"({type(exc).__name__}: {exc}). Fix or uninstall {self._package()}"
+            ) from exc
+        for part in attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError as exc:
+                raise PluginError(
+                    f"{self.describe()}: its target {self.spec.target!r} does not exist (module "
+                    f"{module_name!r} has no {part!r}). Fix or uninstall {self._package()}"
+                ) from exc
+        return obj
+
+    def _package(self) -> str:
+        return self.provider.distribution or f"the code that registered {self.name!r}"
+
+
+class Registry:
+    """Every part of every installed plugin, by kind and name.
+
+    Built with a pluggy ``PluginManager`` of its own: with ``autoload`` every
+    entry point of the ``phalanx.plugins`` group is loaded (filtered by
+    ``PHALANX_PLUGINS`` / ``PHALANX_DISABLE_PLUGINS``, read now), each on
+    its own; then each object in ``plugins`` (modules or objects with
+    hook implementations) is registered. A plugin that fails is recorded in
+    :attr:`plugins` and the others go on.
+    """
+
+    def __init__(self, plugins: Iterable[Any] = (), *, autoload: bool = True) -> None:
+        self._pm = pluggy.PluginManager(PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        if os.environ.get(DEBUG_VAR, "").strip() not in ("", "0"):
+            self._pm.trace.root.setwriter(sys.stderr.write)
+            self._pm.enable_tracing()
+        self._trace = self._pm.trace.root.get("phalanx")
+        self._all: dict[Kind, list[Entry]] = {kind: [] for kind in Kind}
+        self._by_name: dict[Kind, dict[str, list[Entry]]] = {kind: {} for kind in Kind}
+        self._aliases: dict[Kind, dict[str, list[Entry]]] = {kind: {} for kind in Kind}
+        #: Every plugin seen, loaded or not, in load order.
+        self.plugins: list[PluginRecord] = []
+        if autoload:
+            self._autoload()
+        for plugin in plugins:
+            self.register_plugin(plugin)
+
+    # -- loading -------------------------------------------------------------
+
+    def _autoload(self) -> None:
+        allow, deny = plugin_filters()
+        for ep, provider, why in select_entry_points(allow, deny):
+            record = PluginRecord(provider, ep.value)
+            self.plugins.append(record)
+            if why is not None:
+                record.status, record.error = "disabled", why
+                self._pm.set_blocked(ep.name)
+                continue
+            self._trace(f"loading {provider}: {ep.value}")
+            try:
+                module = ep.load()
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                record.fail(f"importing {ep.value!r} raised {type(exc).__name__}: {exc}", exc)
+                continue
+            self._add(module, record)
+
+    def register_plugin(self, plugin: Any, name: str | None = None) -> PluginRecord:
+        """Register a plugin object (a module or any object with hook
+        implementations) at run time; return its record. Its specs are
+        added as if it came from an entry point; a failure raises
+        :class:`PluginError` at once."""
+        plugin_name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        record = PluginRecord(Provider(plugin_name), repr(plugin))
+        self.plugins.append(record)
+        self._add(plugin, record)
+        if record.status == "failed":
+            raise PluginError(f"plugin {record.provider}: {record.error}")
+        return record
+
+    def _add(self, plugin: Any, record: PluginRecord) -> None:
+        name = record.provider.plugin
+        if self._pm.has_plugin(name) or self._pm.is_blocked(name):
+            name = f"{record.provider.distribution}:{name}"
+        try:
+            self._pm.register(plugin, name=name)
+            self._pm.check_pending()
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
+            record.fail(self._explain_invalid(plugin, exc), exc)
+            self._trace(f"{record.provider} failed validation: {record.error}")
+            return
+        for hook_name in HOOKS.values():
+            caller = getattr(self._pm.hook, hook_name)
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    record.hooks.append(hook_name)
+                    self._call(impl, hook_name, record)
+
+    def _explain_invalid(self, plugin: Any, exc: Exception) -> str:
+        known = list(HOOKS.values())
+        wrong = [attr for attr in dir(plugin) if attr.startswith(f"{PROJECT}_") and attr not in known] or [
+            attr for attr in dir(plugin) if attr.startswith(f"{PROJECT}")
+        ]
+        hints = []
+        for attr in wrong:
+            close = difflib.get_close_matches(attr, known, n=1)
+            hints.append(f"{attr!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        what = f"it implements unknown hook(s) {', '.join(hints)}" if hints else str(exc)
+        return f"{what}; the hooks are {', '.join(known)}. ({type(exc).__name__}: {exc})"
+
+    def _call(self, impl: pluggy.HookImpl, hook_name: str, record: PluginRecord) -> None:
+        kind = Kind(next(k for k, h in HOOKS.items() if h == hook_name))
+        spec_type = SPEC_TYPES[kind]
+        try:
+            result = impl.function()
+        except Exception as exc:  # noqa: BLE001 - a plugin's failure is recorded, the rest go on
+            record.fail(f"hook {hook_name} raised {type(exc).__name__}: {exc}", exc)
+            self._trace(f"{hook_name} of {record.provider} failed: {record.error}")
+            return
+        self._trace(f"{hook_name} of {record.provider} returned {result!r}")
+        if result is None:
+            return
+        if isinstance(result, (str, bytes, Spec)) or not isinstance(result, Iterable):
+            record.fail(
+                f"hook {hook_name} returned {type(result).__name__}; it must return an iterable "
+                f"of {spec_type.__name__} (a list, or None for none)"
+            )
+            return
+        specs = list(result)
+        wrong = [s for s in specs if not isinstance(s, spec_type)]
+        if wrong:
+            record.fail(
+                f"hook {hook_name} returned {type(wrong[0]).__name__} {wrong[0]!r} among its "
+                f"results; every item must be a {spec_type.__name__}"
+            )
+            return
+        for spec in specs:
+            self._store(Entry(spec, record.provider))
+
+    def _store(self, entry: Entry, *, replace: bool = False) -> None:
+        kind = entry.kind
+        self._all[kind].append(entry)
+        if replace:
+            self._by_name[kind][entry.name] = [entry]
+        else:
+            self._by_name[kind].setdefault(entry.name, []).append(entry)
+        for alias in entry.spec.aliases:
+            self._aliases[kind].setdefault(alias, []).append(entry)
+
+    def register(self, spec: Spec, *, replace: bool = False) -> Entry:
+        """Register a part at run time and return its entry.
+
+        A name that an installed plugin already gives is refused with
+        :class:`MisconfigurationError` unless ``replace`` is true; then the
+        bare name means this spec (the plugin's stays reachable by its
+        qualified name).
+        """
+        if not isinstance(spec, Spec) or type(spec) is Spec:
+            raise MisconfigurationError(
+                f"register({spec!r}): give a spec of one kind, e.g. CollectiveSpec(name=..., "
+                "target='module:Class')"
+            )
+        existing = self._by_name[spec.kind].get(spec.name, [])
+        if existing and not replace:
+            raise MisconfigurationError(
+                f"register(): {spec.kind} {spec.name!r} already exists, given by "
+                f"{', '.join(str(e.provider) for e in existing)}; pass replace=True to make the "
+                "name mean yours, or choose another name"
+            )
+        entry = Entry(spec, Provider(RUNTIME))
+        self._store(entry, replace=replace)
+        return entry
+
+    # -- lookup --------------------------------------------------------------
+
+    def entries(self, kind: Kind | str | None = None) -> Iterator[Entry]:
+        """Every entry of ``kind`` (or of every kind), in registration order."""
+        kinds = [Kind(kind)] if kind is not None else list(Kind)
+        for k in kinds:
+            yield from self._all[k]
+
+    def names(self, kind: Kind | str) -> list[str]:
+        """The names of ``kind`` that exist, sorted."""
+        return sorted(self._by_name[Kind(kind)])
+
+    @property
+    def failures(self) -> list[PluginRecord]:
+        """The plugins that failed to load."""
+        return [p for p in self.plugins if p.status == "failed"]
+
+    def get(self, kind: Kind | str, name: str) -> Entry:
+        """Return the entry for ``name`` (bare, alias, or qualified
+        ``"distribution:name"``). Raises :class:`UnknownNameError` for a
+        name no plugin gives and :class:`PluginError` for a bare name two
+        plugins give."""
+        kind = Kind(kind)
+        if not isinstance(name, str):
+            raise MisconfigurationError(f"{kind}={name!r}: expected a name (str)")
+        if ":" in name:
+            dist, _, bare = name.partition(":")
+            found = [
+                e
+                for e in self._all[kind]
+                if e.name == bare and normalize(e.provider.distribution or RUNTIME) == normalize(dist)
+            ]
+        else:
+            found = self._by_name[kind].get(name) or self._aliases[kind].get(name, [])
+        if not found:
+            raise UnknownNameError(self._unknown_message(kind, name))
+        if len(found) > 1:
+            raise PluginError(
+                f"{kind} {name!r} is given by {len(found)} plugins: "
+                f"{'; '.join(f'{e.provider} as {e.qualified_name!r}' for e in found)}. Use a "
+                "qualified name to choose one, or uninstall one of them"
+            )
+        return found[0]
+
+    def _unknown_message(self, kind: Kind, name: str) -> str:
+        names = self.names(kind)
+        close = difflib.get_close_matches(name, names, n=3)
+        parts = [f"unknown {kind} {name!r}."]
+        if close:
+            parts.append(f"Did you mean {' or '.join(map(repr, close))}?")
+        parts.append(f"The {kind} names that exist: {', '.join(names) or '(none)'}.")
+        if self.failures:
+            broken = "; ".join(f"{p.provider}: {p.error}" for p in self.failures)
+            parts.append(f"Plugins that failed to load (the name may be in one): {broken}.")
+        disabled = [p for p in self.plugins if p.status == "disabled"]
+        if disabled:
+            parts.append(
+                "Disabled plugins: " + ", ".join(f"{p.provider} ({p.error})" for p in disabled) + "."
+            )
+        parts.append("Install the plugin that gives it (`phalanx list` shows what is installed).")
+        return " ".join(parts)
+
+    # -- resolution ------------------------------------------------------------
+
+    def plan(
+        self,
+        strategy: Any = "auto",
+        *,
+        accelerator: Any = "auto",
+        devices: DevicesFlag = "auto",
+        num_nodes: int = 1,
+        precision: Any = "32-true",
+        collective: Any = None,
+        launcher: Any = None,
+        environment: Any = None,
+        **options: Any,
+    ) -> Plan:
+        """Check the flags and choose every part, building nothing.
+
+        Each flag is a name (bare, alias or ``"distribution:name"``), a
+        ready instance, or ``"auto"`` / ``None`` for the default: the
+        strategy spec's default part, the available accelerator of highest
+        priority, the detected environment. ``options`` go to the
+        strategy's constructor. Raises :class:`MisconfigurationError`,
+        :class:`UnknownNameError`, :class:`PluginError` or
+        :class:`UnavailableError` — never falls back to something not asked
+        for.
+        """
+        flags = {
+            "strategy": strategy,
+            "accelerator": accelerator,
+            "devices": devices,
+            "num_nodes": num_nodes,
+            "precision": precision,
+            "collective": collective,
+            "launcher": launcher,
+            "environment": environment,
+            "options": options,
+        }
+        return _plan(self, flags)
+
+    def build(self, plan: Plan) -> Strategy:
+        """Import the plan's targets and construct its parts, in order."""
+        return _build(self, plan)
+
+    def resolve(self, strategy: Any = "auto", **flags: Any) -> Strategy:
+        """``self.build(self.plan(strategy, **flags))``: a name to a
+        composed, ready strategy."""
+        return self.build(self.plan(strategy, **flags))
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{len(self._all[k])} {k}" for k in Kind)
+        return f"Registry({len(self.plugins)} plugins: {counts})"

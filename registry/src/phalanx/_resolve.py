@@ -1,0 +1,390 @@
+"""Resolution in three steps: check the flags, plan, build."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from phalanx_core import (
+    Accelerator,
+    ClusterEnvironment,
+    Collective,
+    Launcher,
+    MisconfigurationError,
+    Precision,
+    Strategy,
+    UnavailableError,
+)
+from phalanx_core.specs import Kind, LauncherSpec, StrategySpec
+
+from ._plan import Choice, Plan
+
+if TYPE_CHECKING:
+    from ._registry import Entry, Registry
+
+__all__ = ["build", "plan"]
+
+#: The interface each kind's instances and targets must have.
+INTERFACES: dict[Kind, type] = {
+    Kind.ACCELERATOR: Accelerator,
+    Kind.ENVIRONMENT: ClusterEnvironment,
+    Kind.LAUNCHER: Launcher,
+    Kind.COLLECTIVE: Collective,
+    Kind.PRECISION: Precision,
+    Kind.STRATEGY: Strategy,
+}
+_PARTS = (Kind.ACCELERATOR, Kind.ENVIRONMENT, Kind.PRECISION, Kind.COLLECTIVE, Kind.LAUNCHER)
+
+
+def _is_interactive() -> bool:
+    main = sys.modules.get("__main__")
+    return main is not None and not hasattr(main, "__file__")
+
+
+# -- step 1: the flags ---------------------------------------------------------
+
+
+def _check_flags(flags: Mapping[str, Any]) -> None:
+    for kind in (Kind.STRATEGY, Kind.ACCELERATOR, *_PARTS[1:]):
+        value = flags[str(kind)]
+        if value is None or isinstance(value, (str, INTERFACES[kind])):
+            continue
+        if kind is Kind.PRECISION and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        raise MisconfigurationError(
+            f"{kind}={value!r}: expected a {kind} name (str) or a {INTERFACES[kind].__name__} "
+            f"instance, got {type(value).__name__}. `phalanx list --kind {kind}` shows the names"
+        )
+    if flags["strategy"] is None or flags["accelerator"] is None:
+        which = "strategy" if flags["strategy"] is None else "accelerator"
+        raise MisconfigurationError(f"{which}=None: name one, or pass 'auto'")
+    devices = flags["devices"]
+    ok_devices = (
+        (isinstance(devices, int) and not isinstance(devices, bool))
+        or isinstance(devices, str)
+        or (
+            isinstance(devices, Sequence)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in devices)
+        )
+    )
+    if not ok_devices:
+        raise MisconfigurationError(
+            f"devices={devices!r}: expected an int, a list of ints, a string like '0,2', or 'auto'"
+        )
+    if (isinstance(devices, int) and devices == 0) or devices in ((), []):
+        raise MisconfigurationError(
+            f"devices={devices!r} asks for no device; ask for at least 1, or -1 / 'auto' for all"
+        )
+    nodes = flags["num_nodes"]
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise MisconfigurationError(f"num_nodes={nodes!r}: expected an int of at least 1")
+    if isinstance(flags["strategy"], Strategy):
+        given = [str(k) for k in _PARTS if flags[str(k)] not in (None, "auto", "32-true")]
+        if given or flags["options"]:
+            raise MisconfigurationError(
+                f"strategy is a ready {type(flags['strategy']).__name__} instance, so it already has "
+                f"its parts; you also passed {', '.join(given + list(flags['options']))}. Give "
+                "the strategy by name to choose its parts with flags, or set them on the instance"
+            )
+
+
+def _device_count(devices: Any) -> int | None:
+    """How many devices a flag asks for, where that is known without the hardware."""
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices not in ("auto", "-1"):
+        items = [d for d in devices.split(",") if d.strip()]
+        return len(items) if "," in devices else (int(devices) if devices.strip().isdigit() else None)
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return len(devices)
+    return None
+
+
+# -- step 2: the plan ------------------------------------------------------------
+
+
+def _named(registry: Registry, kind: Kind, value: Any, reason: str) -> Choice:
+    if isinstance(value, INTERFACES[kind]):
+        return Choice(kind, type(value).__name__, "an instance you passed", instance=value)
+    entry = registry.get(kind, str(value))
+    return Choice(kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
+
+
+def _choice(entry: Entry, reason: str) -> Choice:
+    return Choice(entry.kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
+
+
+def _pick_accelerator(registry: Registry, allowed: Sequence[str]) -> Choice:
+    candidates = [e for e in registry.entries(Kind.ACCELERATOR) if not allowed or e.name in allowed]
+    candidates.sort(key=lambda e: (-e.spec.priority, e.name))
+    skipped = []
+    for entry in candidates:
+        missing = entry.missing()
+        if missing:
+            skipped.append(f"{entry.name}: {', '.join(missing)} not installed")
+            continue
+        availability = entry.load().availability()
+        if availability:
+            why = "auto: the available accelerator of highest priority"
+            return _choice(entry, why + (f" (skipped {'; '.join(skipped)})" if skipped else ""))
+        skipped.append(f"{entry.name}: {availability.reason}")
+    raise UnavailableError(
+        "accelerator='auto' found no available accelerator"
+        + (f" among {', '.join(allowed)}" if allowed else "")
+        + f": {'; '.join(skipped) or 'none is installed'}. Install a plugin that gives one "
+        "(pip install phalanx-torch) or name one"
+    )
+
+
+def _pick_strategy(registry: Registry, accelerator: str, count: int | None, num_nodes: int) -> Choice:
+    parallel = num_nodes > 1 or (count is not None and count > 1)
+    fits = [
+        e
+        for e in registry.entries(Kind.STRATEGY)
+        if isinstance(e.spec, StrategySpec)
+        and e.spec.parallel == parallel
+        and (not e.spec.accelerators or accelerator in e.spec.accelerators)
+        and not e.missing()
+    ]
+    if not fits:
+        raise MisconfigurationError(
+            f"strategy='auto' found no {'parallel' if parallel else 'single-device'} strategy for "
+            f"accelerator {accelerator!r}; the strategies that exist: "
+            f"{', '.join(registry.names(Kind.STRATEGY)) or '(none)'}. Name one, or install a plugin "
+            "that gives one"
+        )
+    fits.sort(key=lambda e: (-e.spec.priority, e.name))
+    which = "parallel" if parallel else "single-device"
+    return _choice(fits[0], f"auto: the {which} strategy of highest priority")
+
+
+def _detect_environment(registry: Registry) -> Choice:
+    entries = sorted(registry.entries(Kind.ENVIRONMENT), key=lambda e: (-e.spec.priority, e.name))
+    for entry in entries:
+        if entry.missing():
+            continue
+        if entry.load().detect():
+            return _choice(entry, f"detected (priority {entry.spec.priority})")
+    raise UnavailableError(
+        "no cluster environment detected and none is installed as a default; install "
+        "phalanx-torch (which gives 'local') or pass environment="
+    )
+
+
+def _launcher_spec(choice: Choice) -> LauncherSpec | None:
+    return choice.spec if isinstance(choice.spec, LauncherSpec) else None
+
+
+def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Choice) -> Choice:
+    env_class = type(environment.instance) if environment.instance is not None else None
+    if env_class is None and environment.spec is not None:
+        env_class = registry.get(Kind.ENVIRONMENT, environment.name).load()
+    external = bool(getattr(env_class, "creates_processes_externally", False))
+    if flag is not None:
+        choice = _named(registry, Kind.LAUNCHER, flag, "asked for")
+        creates = getattr(choice.instance, "creates_processes", None) if choice.instance else None
+        spec = _launcher_spec(choice)
+        creates = spec.creates_processes if spec else creates
+        if external and creates:
+            raise MisconfigurationError(
+                f"launcher={choice.name!r} creates processes, but environment "
+                f"{environment.name!r} already started one process per rank; drop launcher= (the "
+                "processes that exist are used) or run without that scheduler's launcher"
+            )
+        return choice
+    entry = registry.get(Kind.LAUNCHER, default)
+    if external and isinstance(entry.spec, LauncherSpec) and entry.spec.creates_processes:
+        passive = sorted(
+            (
+                e
+                for e in registry.entries(Kind.LAUNCHER)
+                if isinstance(e.spec, LauncherSpec) and not e.spec.creates_processes
+            ),
+            key=lambda e: (-e.spec.priority, e.name),
+        )
+        if not passive:
+            raise UnavailableError(
+                f"environment {environment.name!r} already started the processes, but no installed "
+                "launcher runs in existing processes; install phalanx-torch (launcher 'in_process')"
+            )
+        return _choice(passive[0], f"environment {environment.name!r} already started one process per rank")
+    return _choice(entry, "the strategy's default")
+
+
+def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
+    """Check the flags, then choose every part; import only what choosing
+    needs (accelerator availability for ``"auto"``, environment detection)."""
+    _check_flags(flags)
+    strategy_flag = flags["strategy"]
+    if isinstance(strategy_flag, Strategy):
+        return Plan(
+            Choice(
+                Kind.STRATEGY, type(strategy_flag).__name__, "an instance you passed", instance=strategy_flag
+            ),
+            None,
+            None,
+            None,
+            None,
+            None,
+            flags["devices"],
+            flags["num_nodes"],
+        )
+    count = _device_count(flags["devices"])
+    accelerator_flag = flags["accelerator"]
+    spec: StrategySpec | None = None
+    if strategy_flag != "auto":
+        strategy = _named(registry, Kind.STRATEGY, strategy_flag, "asked for")
+        assert isinstance(strategy.spec, StrategySpec)
+        spec = strategy.spec
+    allowed = spec.accelerators if spec else ()
+    if accelerator_flag == "auto":
+        accelerator = _pick_accelerator(registry, allowed)
+    else:
+        accelerator = _named(registry, Kind.ACCELERATOR, accelerator_flag, "asked for")
+        if allowed and accelerator.name not in allowed:
+            raise MisconfigurationError(
+                f"strategy {spec.name!r} works with accelerator(s) {', '.join(allowed)}, not "  # type: ignore[union-attr]
+                f"{accelerator.name!r}; drop accelerator= or choose a strategy for "
+                f"{accelerator.name!r}"
+            )
+    if spec is None:
+        strategy = _pick_strategy(registry, accelerator.name, count, flags["num_nodes"])
+        assert isinstance(strategy.spec, StrategySpec)
+        spec = strategy.spec
+    if not spec.parallel and ((count or 1) > 1 or flags["num_nodes"] > 1):
+        parallel = [
+            e.name
+            for e in registry.entries(Kind.STRATEGY)
+            if isinstance(e.spec, StrategySpec) and e.spec.parallel
+        ]
+        raise MisconfigurationError(
+            f"strategy {spec.name!r} runs on one device in one process, but devices="
+            f"{flags['devices']!r} and num_nodes={flags['num_nodes']} ask for more; use devices=1, "
+            f"or a parallel strategy ({', '.join(parallel) or 'none installed: pip install phalanx-torch'})"
+        )
+    if flags["environment"] is not None:
+        environment = _named(registry, Kind.ENVIRONMENT, flags["environment"], "asked for")
+    elif spec.environment is not None:
+        environment = _named(registry, Kind.ENVIRONMENT, spec.environment, "the strategy's default")
+    else:
+        environment = _detect_environment(registry)
+    precision_flag = flags["precision"]
+    if isinstance(precision_flag, int) and not isinstance(precision_flag, bool):
+        precision_flag = str(precision_flag)
+    precision = _named(registry, Kind.PRECISION, precision_flag, "asked for")
+    if flags["collective"] is not None:
+        collective = _named(registry, Kind.COLLECTIVE, flags["collective"], "asked for")
+    else:
+        collective = _named(registry, Kind.COLLECTIVE, spec.collective, "the strategy's default")
+    launcher = _pick_launcher(registry, flags["launcher"], spec.launcher, environment)
+    if _is_interactive():
+        lspec = _launcher_spec(launcher)
+        if lspec is not None and not lspec.interactive:
+            ok = [
+                e.name
+                for e in registry.entries(Kind.LAUNCHER)
+                if isinstance(e.spec, LauncherSpec) and e.spec.interactive
+            ]
+            raise MisconfigurationError(
+                f"launcher {launcher.name!r} cannot run in a notebook or REPL (it re-runs the "
+                f"script); use an interactive launcher: {', '.join(ok) or '(none installed)'}"
+            )
+    strategy = Choice(
+        strategy.kind,
+        strategy.name,
+        strategy.reason,
+        strategy.spec,
+        strategy.provider,
+        options={**strategy.options, **flags["options"]},
+    )
+    return Plan(
+        strategy,
+        accelerator,
+        environment,
+        precision,
+        collective,
+        launcher,
+        flags["devices"],
+        flags["num_nodes"],
+    )
+
+
+# -- step 3: build ----------------------------------------------------------------
+
+
+def _construct(registry: Registry, choice: Choice, **given: Any) -> Any:
+    if choice.instance is not None:
+        return choice.instance
+    entry = registry.get(
+        choice.kind,
+        f"{choice.provider.distribution}:{choice.name}"
+        if choice.provider and choice.provider.distribution
+        else choice.name,
+    )
+    target = entry.load()
+    interface = INTERFACES[choice.kind]
+    if not (isinstance(target, type) and issubclass(target, interface)):
+        from phalanx_core import PluginError
+
+        raise PluginError(
+            f"{entry.describe()}: its target {entry.spec.target!r} is {target!r}, not a subclass "
+            f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.provider.distribution}"
+        )
+    options = {**choice.options, **given}
+    try:
+        inspect.signature(target).bind(**options)
+    except TypeError as exc:
+        accepted = [
+            p.name
+            for p in inspect.signature(target).parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in given
+        ]
+        bad = sorted(set(choice.options) - set(accepted))
+        raise MisconfigurationError(
+            f"{entry.describe()} does not take option(s) {', '.join(map(repr, bad)) or exc}; it "
+            f"takes {', '.join(accepted) or 'no options'}"
+        ) from None
+    return target(**options)
+
+
+def build(registry: Registry, plan: Plan) -> Strategy:
+    """Import the chosen targets and construct the parts in order; each
+    part validates itself in its constructor."""
+    if plan.strategy.instance is not None:
+        return plan.strategy.instance  # type: ignore[no-any-return]
+    acc, env, prec, coll, launch = (
+        plan.accelerator, plan.environment, plan.precision, plan.collective, plan.launcher
+    )
+    if acc is None or env is None or prec is None or coll is None or launch is None:
+        raise MisconfigurationError(f"build(): the plan has unchosen parts: {plan!r}")
+    spec = plan.strategy.spec
+    accelerator = _construct(registry, acc)
+    devices = plan.devices
+    if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
+        devices = 1
+    parallel_devices = accelerator.parallel_devices(devices)
+    environment = _construct(registry, env)
+    environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
+    precision = _construct(registry, prec, accelerator=accelerator)
+    collective = _construct(registry, coll)
+    launcher = _construct(
+        registry,
+        launch,
+        environment=environment,
+        num_processes=len(parallel_devices),
+        num_nodes=plan.num_nodes,
+    )
+    strategy: Strategy = _construct(
+        registry,
+        plan.strategy,
+        accelerator=accelerator,
+        environment=environment,
+        collective=collective,
+        precision=precision,
+        launcher=launcher,
+        parallel_devices=parallel_devices,
+        num_nodes=plan.num_nodes,
+    )
+    return strategy

@@ -1,0 +1,168 @@
+"""The ``phalanx`` command line: ``list`` and ``explain``.
+
+Imports no torch: ``list`` reads specs only (``--probe`` imports the
+accelerators to ask the hardware), ``explain`` imports what choosing needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from phalanx_core.errors import PhalanxError
+from phalanx_core.specs import Kind
+
+from ._registry import Entry, Registry
+
+__all__ = ["main"]
+
+
+def _availability(entry: Entry, probe: bool) -> tuple[bool, str]:
+    missing = entry.missing()
+    if missing:
+        todo = entry.spec.install or f"pip install {' '.join(missing)}"
+        return False, f"needs {', '.join(missing)}: {todo}"
+    if probe and entry.kind is Kind.ACCELERATOR:
+        try:
+            availability = entry.load().availability()
+        except PhalanxError as exc:
+            return False, str(exc)
+        return availability.available, availability.reason
+    return True, ""
+
+
+def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    if not rows:
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:-1])]
+        print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+
+
+def _list(args: argparse.Namespace, out: TextIO) -> int:
+    registry = Registry()
+    kinds = [Kind(args.kind)] if args.kind else list(Kind)
+    parts = []
+    for kind in kinds:
+        for entry in sorted(registry.entries(kind), key=lambda e: e.name):
+            ok, why = _availability(entry, args.probe)
+            parts.append((entry, ok, why))
+    if args.json:
+        data = {
+            "parts": [
+                {
+                    "kind": str(e.kind),
+                    "name": e.name,
+                    "qualified_name": e.qualified_name,
+                    "plugin": e.provider.plugin,
+                    "distribution": e.provider.distribution,
+                    "version": e.provider.version,
+                    "target": e.spec.target,
+                    "summary": e.spec.summary,
+                    "available": ok,
+                    "reason": why,
+                    "aliases": list(e.spec.aliases),
+                    "priority": e.spec.priority,
+                }
+                for e, ok, why in parts
+            ],
+            "plugins": [p.to_dict() for p in registry.plugins],
+        }
+        json.dump(data, out, indent=2)
+        print(file=out)
+        return 0
+    rows: list[tuple[str, ...]] = [("KIND", "NAME", "FROM", "AVAILABLE", "SUMMARY")]
+    for e, ok, why in parts:
+        source = f"{e.provider.distribution} {e.provider.version}" if e.provider.distribution else "run time"
+        rows.append((str(e.kind), e.name, source, "yes" if ok else f"no ({why})", e.spec.summary))
+    _table(rows, out)
+    print(file=out)
+    rows = [("PLUGIN", "DISTRIBUTION", "STATUS", "HOOKS")]
+    for p in registry.plugins:
+        dist = f"{p.provider.distribution} {p.provider.version}" if p.provider.distribution else "-"
+        rows.append((p.provider.plugin, dist, p.status, ", ".join(p.hooks) or "-"))
+    _table(rows, out)
+    problems = [p for p in registry.plugins if p.status != "loaded"]
+    for p in problems:
+        print(f"\n{p.status}: {p.provider}: {p.error}", file=out)
+        if args.verbose and p.traceback:
+            print(p.traceback.rstrip(), file=out)
+    if any(p.status == "failed" for p in problems) and not args.verbose:
+        print("\n(run `phalanx list --verbose` for the tracebacks)", file=out)
+    return 0
+
+
+def _devices(value: str) -> Any:
+    value = value.strip()
+    if value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    registry = Registry()
+    plan = registry.plan(
+        args.strategy,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        precision=args.precision,
+        collective=args.collective,
+        launcher=args.launcher,
+        environment=args.environment,
+    )
+    if args.json:
+        json.dump(plan.to_dict(), out, indent=2)
+        print(file=out)
+    else:
+        print(plan.explain(), file=out)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx", description="Names to composed distributed-training strategies."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("list", help="every part of every installed plugin, and the plugins")
+    p.add_argument("--kind", choices=[str(k) for k in Kind], help="only parts of this kind")
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="import the accelerators and ask the hardware (imports their backends)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of failed plugins")
+    p.set_defaults(run=_list)
+    p = sub.add_parser("explain", help="the plan for a set of flags, with the reason for each part")
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--accelerator", default="auto")
+    p.add_argument("--devices", type=_devices, default="auto", help="N, -1, 'auto' or '0,2'")
+    p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--collective")
+    p.add_argument("--launcher")
+    p.add_argument("--environment")
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.set_defaults(run=_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; return the exit code (1 for a phalanx error,
+    with its message on stderr)."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args, out or sys.stdout)
+    except PhalanxError as exc:
+        print(f"phalanx {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
