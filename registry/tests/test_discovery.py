@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from phalanx_core import PluginError, UnavailableError, UnknownNameError
-from phalanx_core.specs import CollectiveSpec, Kind
 
 import registry_plugin_sources as src
+from phalanx_core import PluginError, UnavailableError, UnknownNameError
+from phalanx_core.specs import CollectiveSpec, Kind
 
 
 @pytest.fixture
@@ -132,7 +132,9 @@ def test_bad_targets_fail_when_used_and_name_the_distribution(phalanx_distributi
     assert "Fix or uninstall targets-plugin" in str(info.value)
     with pytest.raises(PluginError, match=r"does not exist \(module 'targets_plugin' has no 'Missing'\)"):
         registry.get("collective", "noattr").load()
-    with pytest.raises(UnavailableError, match=r"needs no_such_backend_pkg.*run: pip install no-such-backend"):
+    with pytest.raises(
+        UnavailableError, match=r"needs no_such_backend_pkg.*run: pip install no-such-backend"
+    ):
         registry.get("collective", "needsit").load()
 
 
@@ -159,7 +161,7 @@ def test_plugins_passed_as_objects_and_run_time_registration(phalanx_registry, m
     assert entry.provider.plugin == "Plugin"
     assert entry.provider.distribution is None
     spec = CollectiveSpec(name="objcoll", target="a.b:C")
-    with pytest.raises(MisconfigurationError, match="already exists, given by 'Plugin'.*replace=True"):
+    with pytest.raises(MisconfigurationError, match=r"already exists, given by .Plugin.*replace=True"):
         registry.register(spec)
     mine = registry.register(spec, replace=True)
     assert registry.get("collective", "objcoll") is mine
@@ -210,7 +212,9 @@ def test_debug_traces_hook_calls(phalanx_distribution, phalanx_registry, only, m
         ("good,other", "other", {"good"}),
     ],
 )
-def test_plugin_environment_variables(phalanx_distribution, phalanx_registry, monkeypatch, allow, deny, loaded):
+def test_plugin_environment_variables(
+    phalanx_distribution, phalanx_registry, monkeypatch, allow, deny, loaded
+):
     install_good(phalanx_distribution)
     install_good(phalanx_distribution, dist="Other.Plugin", pkg="other_plugin", ep="other")
     for var, value in (("PHALANX_PLUGINS", allow), ("PHALANX_DISABLE_PLUGINS", deny)):

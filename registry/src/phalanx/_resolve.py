@@ -54,8 +54,8 @@ def _check_flags(flags: Mapping[str, Any]) -> None:
         if kind is Kind.PRECISION and isinstance(value, int) and not isinstance(value, bool):
             continue
         raise MisconfigurationError(
-            f"{kind}={value!r}: expected a {kind} name (str) or a {INTERFACES[kind].__name__} "
-            f"instance, got {type(value).__name__}. `phalanx list --kind {kind}` shows the names"
+            f"{kind}={value!r}: expected a name (str) or a {INTERFACES[kind].__name__} instance, "
+            f"got {type(value).__name__}. `phalanx list --kind {kind}` shows the names"
         )
     if flags["strategy"] is None or flags["accelerator"] is None:
         which = "strategy" if flags["strategy"] is None else "accelerator"
@@ -333,20 +333,34 @@ def _construct(registry: Registry, choice: Choice, **given: Any) -> Any:
             f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.provider.distribution}"
         )
     options = {**choice.options, **given}
-    try:
-        inspect.signature(target).bind(**options)
-    except TypeError as exc:
-        accepted = [
-            p.name
-            for p in inspect.signature(target).parameters.values()
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in given
-        ]
-        bad = sorted(set(choice.options) - set(accepted))
-        raise MisconfigurationError(
-            f"{entry.describe()} does not take option(s) {', '.join(map(repr, bad)) or exc}; it "
-            f"takes {', '.join(accepted) or 'no options'}"
-        ) from None
+    accepted = _accepted_options(target)
+    if accepted is not None:
+        bad = sorted(set(options) - accepted)
+        if bad:
+            takes = sorted(accepted - set(given))
+            raise MisconfigurationError(
+                f"{entry.describe()} does not take option(s) {', '.join(map(repr, bad))}; it takes "
+                f"{', '.join(takes) or 'no options'}"
+            )
     return target(**options)
+
+
+def _accepted_options(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up
+    the base classes; ``None`` when any are accepted."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return names
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names.discard("self")
+            return names
+    return None
 
 
 def build(registry: Registry, plan: Plan) -> Strategy:
@@ -355,7 +369,11 @@ def build(registry: Registry, plan: Plan) -> Strategy:
     if plan.strategy.instance is not None:
         return plan.strategy.instance  # type: ignore[no-any-return]
     acc, env, prec, coll, launch = (
-        plan.accelerator, plan.environment, plan.precision, plan.collective, plan.launcher
+        plan.accelerator,
+        plan.environment,
+        plan.precision,
+        plan.collective,
+        plan.launcher,
     )
     if acc is None or env is None or prec is None or coll is None or launch is None:
         raise MisconfigurationError(f"build(): the plan has unchosen parts: {plan!r}")

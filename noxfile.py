@@ -1,0 +1,70 @@
+"""Every way phalanx is checked, as nox sessions. ``nox`` runs the default
+ones (lint, typecheck, tests, docs); ``nox -s tests`` one of them.
+
+Packages are derived from the tree: ``core``, ``registry`` and every folder
+under ``plugins/`` with a ``pyproject.toml``. torch is installed first, pinned
+(``torch==2.13.0`` is a local CPU build here; any other version downloads
+several GB).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TORCH = "torch==2.13.0"
+PACKAGES = [
+    ROOT / "core",
+    ROOT / "registry",
+    *sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml")),
+]
+TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
+
+nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+
+def install_packages(session: nox.Session) -> None:
+    """torch first, then every package of the tree, editable."""
+    session.install(TORCH, "numpy")
+    editable: list[str] = []
+    for package in PACKAGES:
+        editable += ["-e", str(package)]
+    session.install(*editable)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict on core/ and registry/ (see pyproject.toml)."""
+    install_packages(session)
+    session.install("mypy>=1.10", "pytest>=8")
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """pytest over every package's tests and the cross-package tests/."""
+    install_packages(session)
+    session.install("pytest>=8")
+    session.run("pytest", *(session.posargs or TEST_PATHS))
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, built in strict mode (warnings fail)."""
+    editable: list[str] = []
+    for package in PACKAGES:
+        editable += ["-e", str(package)]
+    session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", *editable)
+    session.run("mkdocs", "build", "--strict", "--config-file", "docs/mkdocs.yml")

@@ -1,0 +1,96 @@
+"""The command line, in process (the subprocess checks are in test_no_torch)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from phalanx.cli import main
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(list(argv), out), out.getvalue()
+
+
+def test_list_table_shows_parts_plugins_and_availability():
+    code, out = run("list")
+    assert code == 0
+    assert "KIND" in out and "AVAILABLE" in out
+    assert "strategy     single_device  phalanx-torch 0.1.0  yes" in out
+    assert "torch   phalanx-torch 0.1.0  loaded" in out
+
+
+def test_list_filters_by_kind_and_probes(monkeypatch):
+    code, out = run("list", "--kind", "accelerator", "--probe", "--json")
+    data = json.loads(out)
+    assert {p["kind"] for p in data["parts"]} == {"accelerator"}
+    [cpu] = [p for p in data["parts"] if p["name"] == "cpu"]
+    assert cpu["available"] is True and cpu["distribution"] == "phalanx-torch"
+
+
+def test_list_shows_unavailable_parts_with_the_install_line(phalanx_distribution):
+    phalanx_distribution(
+        "phalanx-fake-backend",
+        entry_points={"fake": "phalanx_fake_backend"},
+        modules={
+            "phalanx_fake_backend": (
+                "from phalanx_core import CollectiveSpec, hookimpl\n"
+                "@hookimpl\n"
+                "def phalanx_collectives():\n"
+                "    return [CollectiveSpec(name='fakecoll', target='phalanx_fake_backend.impl:C',\n"
+                "            needs=('fake_backend_lib',), install=\"pip install 'phalanx-fake-backend[fake]'\")]\n"
+            )
+        },
+    )
+    code, out = run("list", "--kind", "collective")
+    assert "no (needs fake_backend_lib: pip install 'phalanx-fake-backend[fake]')" in out
+
+
+def test_list_shows_failed_plugins(phalanx_distribution):
+    phalanx_distribution(
+        "phalanx-broken",
+        entry_points={"broken": "phalanx_broken"},
+        modules={"phalanx_broken": "raise ImportError('cannot import this on purpose')\n"},
+    )
+    code, out = run("list")
+    assert code == 0
+    assert "failed: 'broken' (phalanx-broken 0.1.0): importing 'phalanx_broken' raised ImportError" in out
+    code, out = run("list", "--verbose")
+    assert "Traceback" in out
+    code, out = run("list", "--json")
+    [broken] = [p for p in json.loads(out)["plugins"] if p["name"] == "broken"]
+    assert broken["status"] == "failed" and "Traceback" in broken["traceback"]
+
+
+def test_explain_prints_the_plan():
+    code, out = run("explain", "--strategy", "single_device", "--accelerator", "cpu")
+    assert code == 0
+    assert "launcher     in_process     'torch' (phalanx-torch 0.1.0)  the strategy's default" in out
+    code, out = run("explain", "--json", "--devices", "1")
+    assert json.loads(out)["parts"]["strategy"]["name"] == "single_device"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "nope"], "unknown strategy 'nope'"),
+        (["--strategy", "single_device", "--devices", "3"], "runs on one device in one process"),
+        (["--precision", "fp9"], "unknown precision 'fp9'"),
+    ],
+)
+def test_explain_fails_with_the_message_and_a_nonzero_code(capsys, argv, message):
+    code, _ = run("explain", *argv)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("phalanx explain: error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_usage_exits_with_argparse_code():
+    with pytest.raises(SystemExit) as info:
+        run("list", "--kind", "gpu")
+    assert info.value.code == 2

@@ -1,0 +1,63 @@
+"""Listing and planning import no torch and no backend. Checked in fresh
+subprocesses: in this process other tests have imported torch already."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.subprocess
+
+BACKENDS = ("torch", "horovod", "torch_xla", "mpi4py")
+
+
+def run_python(code: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+CHECK = f"""
+import json, sys
+{{body}}
+print(json.dumps({{{{m: m in sys.modules for m in {BACKENDS!r}}}}}))
+"""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import phalanx_core",
+        "import phalanx",
+        "import phalanx; r = phalanx.Registry(); assert r.names('strategy')",
+        "import phalanx_torch.plugin, phalanx_torch.environments, phalanx_torch.launchers",
+        "import io; from phalanx.cli import main; assert main(['list'], io.StringIO()) == 0",
+        "import io; from phalanx.cli import main; assert main(['list', '--json'], io.StringIO()) == 0",
+        (
+            "import io; from phalanx.cli import main; "
+            "assert main(['explain', '--strategy', 'single_device', '--accelerator', 'cpu'], io.StringIO()) == 0"
+        ),
+    ],
+    ids=["core", "registry", "build-registry", "torch-entry-module", "list", "list-json", "explain-named"],
+)
+def test_imports_no_backend(body):
+    imported = run_python(CHECK.format(body=body))
+    assert imported == dict.fromkeys(BACKENDS, False)
+
+
+def test_the_console_script_runs_list():
+    out = subprocess.run(
+        [sys.executable, "-m", "phalanx", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    data = json.loads(out.stdout)
+    names = {(p["kind"], p["name"]) for p in data["parts"]}
+    assert ("strategy", "single_device") in names
+    assert any(p["name"] == "torch" and p["status"] == "loaded" for p in data["plugins"])

@@ -1,0 +1,200 @@
+"""Resolution with the installed phalanx-torch plugin: flags, plans, builds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import phalanx
+from phalanx_core import (
+    MisconfigurationError,
+    StrategySpec,
+    UnavailableError,
+    UnknownNameError,
+)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.delenv("PHALANX_PLUGINS", raising=False)
+    monkeypatch.delenv("PHALANX_DISABLE_PLUGINS", raising=False)
+    return phalanx.Registry()
+
+
+def test_single_device_plan_names_every_part_with_its_reason(registry):
+    plan = registry.plan("single_device", accelerator="cpu")
+    parts = {str(c.kind): c for c in plan.parts()}
+    assert {k: c.name for k, c in parts.items()} == {
+        "strategy": "single_device",
+        "accelerator": "cpu",
+        "environment": "local",
+        "precision": "32-true",
+        "collective": "single_device",
+        "launcher": "in_process",
+    }
+    assert parts["strategy"].reason == "asked for"
+    assert parts["collective"].reason == "the strategy's default"
+    assert parts["environment"].reason.startswith("detected")
+    assert all(c.provider.distribution == "phalanx-torch" for c in plan.parts())
+    text = plan.explain()
+    assert "collective   single_device  'torch' (phalanx-torch 0.1.0)  the strategy's default" in text
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["parts"]["launcher"]["distribution"] == "phalanx-torch"
+
+
+def test_auto_chooses_by_availability_and_says_why(registry):
+    plan = registry.plan()
+    assert plan.accelerator.name == "cpu"
+    assert plan.accelerator.reason.startswith("auto:")
+    assert plan.strategy.name == "single_device"
+    assert plan.strategy.reason.startswith("auto:")
+
+
+def test_resolve_builds_the_parts(registry):
+    from phalanx_torch.collectives import SingleDeviceCollective
+    from phalanx_torch.strategies import SingleDeviceStrategy
+
+    strategy = registry.resolve("single_device", accelerator="cpu")
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert isinstance(strategy.collective, SingleDeviceCollective)
+    assert strategy.world_size == 1 and strategy.global_rank == 0 and strategy.is_global_zero
+    assert str(strategy.root_device) == "cpu"
+
+
+def test_qualified_names_and_aliases(registry):
+    plan = registry.plan("phalanx-torch:single_device", accelerator="phalanx_torch:cpu", precision=32)
+    assert plan.strategy.name == "single_device"
+    assert plan.precision.name == "32-true"
+
+
+def test_instances_are_used_as_given(registry):
+    from phalanx_torch.collectives import SingleDeviceCollective
+
+    mine = SingleDeviceCollective(timeout=5)
+    strategy = registry.resolve("single_device", accelerator="cpu", collective=mine)
+    assert strategy.collective is mine
+    again = registry.resolve(strategy)
+    assert again is strategy
+    with pytest.raises(MisconfigurationError, match="already has its parts; you also passed collective"):
+        registry.resolve(strategy, collective="single_device")
+
+
+@pytest.mark.parametrize(
+    ("kind", "flags"),
+    [
+        ("strategy", {"strategy": "dpp"}),
+        ("accelerator", {"accelerator": "gpu"}),
+        ("precision", {"precision": "bf17-mixed"}),
+        ("collective", {"collective": "nccl2"}),
+        ("launcher", {"launcher": "rocket"}),
+        ("environment", {"environment": "mars"}),
+    ],
+)
+def test_unknown_names_list_what_exists(registry, kind, flags):
+    flags = {"strategy": "single_device", "accelerator": "cpu", **flags}
+    with pytest.raises(UnknownNameError) as info:
+        registry.plan(flags.pop("strategy"), **flags)
+    message = str(info.value)
+    assert f"unknown {kind}" in message
+    assert f"The {kind} names that exist: " in message
+    assert "phalanx list" in message
+
+
+def test_unknown_name_lists_failed_plugins(monkeypatch, phalanx_distribution):
+    phalanx_distribution(
+        "phalanx-broken",
+        entry_points={"broken": "phalanx_broken"},
+        modules={"phalanx_broken": "import no_such_module_here\n"},
+    )
+    registry = phalanx.Registry()
+    with pytest.raises(
+        UnknownNameError, match=r"failed to load.*'broken' \(phalanx-broken 0.1.0\).*no_such_module_here"
+    ):
+        registry.plan("horovod")
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ({"strategy": 3}, r"strategy=3: expected a name \(str\) or a Strategy instance, got int"),
+        ({"accelerator": None}, r"accelerator=None: name one, or pass 'auto'"),
+        ({"accelerator": 1.5}, r"accelerator=1.5: expected a name"),
+        ({"precision": True}, r"precision=True: expected a name"),
+        ({"precision": 16.0}, r"precision=16.0: expected a name"),
+        ({"collective": ["torch"]}, r"collective=\['torch'\]: expected a name"),
+        ({"launcher": object}, r"launcher=<class 'object'>: expected a name"),
+        ({"devices": 2.5}, r"devices=2.5: expected an int, a list of ints"),
+        ({"devices": True}, r"devices=True: expected an int"),
+        ({"devices": [0, "1"]}, r"devices=\[0, '1'\]: expected an int"),
+        ({"devices": 0}, r"devices=0 asks for no device"),
+        ({"devices": []}, r"devices=\[\] asks for no device"),
+        ({"num_nodes": 0}, r"num_nodes=0: expected an int of at least 1"),
+        ({"num_nodes": "2"}, r"num_nodes='2': expected an int of at least 1"),
+    ],
+)
+def test_flags_of_the_wrong_type(registry, flags, match):
+    flags = {"strategy": "single_device", "accelerator": "cpu", **flags}
+    with pytest.raises(MisconfigurationError, match=match):
+        registry.plan(flags.pop("strategy"), **flags)
+
+
+def test_impossible_combinations_are_refused_before_building(registry):
+    with pytest.raises(MisconfigurationError, match=r"'single_device' runs on one device .* devices=2"):
+        registry.plan("single_device", accelerator="cpu", devices=2)
+    with pytest.raises(MisconfigurationError, match=r"num_nodes=2 ask for more"):
+        registry.plan("single_device", accelerator="cpu", num_nodes=2)
+    with pytest.raises(MisconfigurationError, match=r"found no parallel strategy for accelerator 'cpu'"):
+        registry.plan(accelerator="cpu", devices=4)
+
+
+def test_unknown_strategy_options_are_refused(registry):
+    with pytest.raises(MisconfigurationError, match=r"does not take option\(s\) 'find_unused'"):
+        registry.resolve("single_device", accelerator="cpu", find_unused=True)
+
+
+def test_a_strategy_restricted_to_accelerators_refuses_others(registry):
+    registry.register(
+        StrategySpec(
+            name="tpu_only", target="phalanx_torch.strategies:SingleDeviceStrategy", accelerators=("xla",)
+        )
+    )
+    with pytest.raises(MisconfigurationError, match=r"'tpu_only' works with accelerator\(s\) xla, not 'cpu'"):
+        registry.plan("tpu_only", accelerator="cpu")
+    with pytest.raises(
+        UnavailableError, match=r"accelerator='auto' found no available accelerator among xla"
+    ):
+        registry.plan("tpu_only")
+
+
+def test_run_time_registration_is_used_by_name(registry):
+    registry.register(
+        StrategySpec(name="mine", target="phalanx_torch.strategies:SingleDeviceStrategy", summary="mine")
+    )
+    plan = registry.plan("mine", accelerator="cpu")
+    assert plan.strategy.provider.distribution is None
+    assert "registered at run time" in plan.explain()
+    assert registry.build(plan).world_size == 1
+
+
+def test_a_target_of_the_wrong_class_is_a_plugin_error(registry):
+    from phalanx_core import CollectiveSpec, PluginError
+
+    registry.register(
+        CollectiveSpec(name="notacollective", target="phalanx_torch.strategies:SingleDeviceStrategy")
+    )
+    with pytest.raises(PluginError, match=r"not a subclass of phalanx_core.Collective"):
+        registry.resolve("single_device", accelerator="cpu", collective="notacollective")
+
+
+def test_in_process_launcher_refuses_several_processes_nobody_made(registry):
+    with pytest.raises(MisconfigurationError, match=r"launcher 'in_process' runs in this one process"):
+        from phalanx_torch.launchers import InProcessLauncher
+
+        InProcessLauncher(num_processes=2)
+
+
+def test_default_registry_and_module_level_resolve():
+    strategy = phalanx.resolve("single_device", accelerator="cpu")
+    assert phalanx.default_registry() is phalanx.default_registry()
+    assert strategy.world_size == 1
