@@ -67,4 +67,6 @@ def docs(session: nox.Session) -> None:
     for package in PACKAGES:
         editable += ["-e", str(package)]
     session.install("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", *editable)
-    session.run("mkdocs", "build", "--strict", "--config-file", "docs/mkdocs.yml")
+    session.run(
+        "mkdocs", "build", "--strict", "--config-file", "docs/mkdocs.yml", env={"NO_MKDOCS_2_WARNING": "1"}
+    )

@@ -20,7 +20,7 @@ def test_list_table_shows_parts_plugins_and_availability():
     assert code == 0
     assert "KIND" in out and "AVAILABLE" in out
     assert "strategy     single_device  phalanx-torch 0.1.0  yes" in out
-    assert "torch   phalanx-torch 0.1.0  loaded" in out
+    assert "torch   phalanx-torch 0.1.0  loaded  accelerators, environments" in out
 
 
 def test_list_filters_by_kind_and_probes(monkeypatch):

@@ -86,7 +86,7 @@ class Accelerator(ABC):
     An accelerator is stateless apart from its options; the strategy calls
     :meth:`setup_device` once in each rank.
 
-    Class attributes:
+    Attributes:
         name: the device type (``"cpu"``, ``"cuda"``).
         collective_backend: the default backend for a collective on this
             device, in torch.distributed's terms (``"gloo"`` for cpu,

@@ -188,7 +188,7 @@ class Collective(ABC):
     ``timeout``); :meth:`setup` joins (or adopts) the backend's group in each
     rank, :meth:`teardown` leaves it.
 
-    Class attributes:
+    Attributes:
         name: the collective's name, for messages.
         reduce_ops: the reduce op names this collective accepts.
         unsupported: operations this collective cannot do. Do not implement

@@ -18,7 +18,7 @@ class ClusterEnvironment(ABC):
     :meth:`detect` on each installed environment class, highest spec
     priority first, and uses the first that says yes.
 
-    Class attributes:
+    Attributes:
         creates_processes_externally: the scheduler already started one
             process per rank (torchrun, srun, mpirun). The registry then
             chooses a launcher that creates no processes, and refuses one that

@@ -42,7 +42,7 @@ class Launcher(ABC):
     Callers never check a launcher's type: everything that differs between
     launchers is behind :meth:`launch` and :attr:`is_interactive_compatible`.
 
-    Class attributes:
+    Attributes:
         is_interactive_compatible: works in a notebook or REPL (it does not
             re-run ``__main__``).
         creates_processes: makes processes (``False`` for ``in_process``).

@@ -25,7 +25,7 @@ class Precision:
     The base class is full precision with no conversion: every method does
     the plain thing, so a subclass overrides only what it changes.
 
-    Class attributes:
+    Attributes:
         name: the precision's name (``"32-true"``).
     """
 

@@ -95,12 +95,15 @@ def select_entry_points(
     seen: set[tuple[str, str, str | None]] = set()
     for ep in metadata.entry_points(group=GROUP):
         dist = ep.dist
-        dist_name = normalize(dist.name) if dist is not None else None
+        dist_name = version = None
+        if dist is not None:
+            meta = dist.metadata  # parsed once: dist.name and dist.version would parse it twice
+            dist_name, version = normalize(meta["Name"]), meta["Version"]
         key = (ep.name, ep.value, dist_name)
         if key in seen:  # the same distribution twice on sys.path
             continue
         seen.add(key)
-        provider = Provider(ep.name, dist_name, dist.version if dist is not None else None)
+        provider = Provider(ep.name, dist_name, version)
         names = {normalize(ep.name)} | ({dist_name} if dist_name else set())
         why = None
         if allow is not None and not names & allow:

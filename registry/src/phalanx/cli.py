@@ -84,7 +84,8 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
     rows = [("PLUGIN", "DISTRIBUTION", "STATUS", "HOOKS")]
     for p in registry.plugins:
         dist = f"{p.provider.distribution} {p.provider.version}" if p.provider.distribution else "-"
-        rows.append((p.provider.plugin, dist, p.status, ", ".join(p.hooks) or "-"))
+        hooks = ", ".join(h.removeprefix("phalanx_") for h in p.hooks) or "-"
+        rows.append((p.provider.plugin, dist, p.status, hooks))
     _table(rows, out)
     problems = [p for p in registry.plugins if p.status != "loaded"]
     for p in problems:
@@ -123,10 +124,17 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phalanx", description="Names to composed distributed-training strategies."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("list", help="every part of every installed plugin, and the plugins")
     p.add_argument("--kind", choices=[str(k) for k in Kind], help="only parts of this kind")
