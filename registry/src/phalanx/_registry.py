@@ -80,7 +80,7 @@ class Entry:
         except Exception as exc:
             raise PluginError(
                 f"{self.describe()}: its target {self.spec.target!r} cannot be imported "
-                f"({type(exc).__name__}: {exc}). Fix or uninstall {self._package()}"
+                f"({type(exc).__name__}: {exc}). Fix or uninstall {self.owner()}"
             ) from exc
         for part in attr.split("."):
             try:
@@ -88,11 +88,12 @@ class Entry:
             except AttributeError as exc:
                 raise PluginError(
                     f"{self.describe()}: its target {self.spec.target!r} does not exist (module "
-                    f"{module_name!r} has no {part!r}). Fix or uninstall {self._package()}"
+                    f"{module_name!r} has no {part!r}). Fix or uninstall {self.owner()}"
                 ) from exc
         return obj
 
-    def _package(self) -> str:
+    def owner(self) -> str:
+        """Who to ask about this part: its distribution, or the code that registered it."""
         return self.provider.distribution or f"the code that registered {self.name!r}"
 
 

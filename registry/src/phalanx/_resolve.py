@@ -330,7 +330,7 @@ def _construct(registry: Registry, choice: Choice, **given: Any) -> Any:
 
         raise PluginError(
             f"{entry.describe()}: its target {entry.spec.target!r} is {target!r}, not a subclass "
-            f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry._package()}"
+            f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.owner()}"
         )
     options = {**choice.options, **given}
     accepted = _accepted_options(target)
