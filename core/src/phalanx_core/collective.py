@@ -9,7 +9,9 @@ The contract
 
 **Ranks.** :attr:`~Collective.rank` and :attr:`~Collective.world_size` are
 this collective's own: in a subgroup made by :meth:`~Collective.new_group`,
-ranks are ``0 .. len(ranks) - 1`` in the order the ranks were given, and
+ranks are ``0 .. len(ranks) - 1`` in increasing order of the ranks they had
+in the parent (as torch.distributed, Horovod process sets and
+``MPI_Comm_split`` order them), whatever order they were given in, and
 every ``src`` / ``dst`` argument is a rank *of that group*.
 :attr:`~Collective.global_ranks` maps them back to the ranks of the world.
 
@@ -382,6 +384,22 @@ class NonMember(Collective):
     :class:`~phalanx_core.NotInGroupError` naming the group."""
 
     unsupported = frozenset(OPERATIONS)
+    # Spelled out so that type checkers see them implemented.
+    barrier = _refusing("barrier")
+    broadcast = _refusing("broadcast")
+    all_reduce = _refusing("all_reduce")
+    reduce = _refusing("reduce")
+    all_gather = _refusing("all_gather")
+    gather = _refusing("gather")
+    scatter = _refusing("scatter")
+    reduce_scatter = _refusing("reduce_scatter")
+    all_to_all = _refusing("all_to_all")
+    send = _refusing("send")
+    recv = _refusing("recv")
+    broadcast_object = _refusing("broadcast_object")
+    all_gather_object = _refusing("all_gather_object")
+    gather_object = _refusing("gather_object")
+    scatter_object = _refusing("scatter_object")
 
     def __init__(self, ranks: Sequence[int], *, parent: str = "collective", world_rank: int = -1) -> None:
         super().__init__()

@@ -149,6 +149,13 @@ class Strategy:
         returns it as it is."""
         return optimizer
 
+    def unwrap_module(self, module: Any) -> Any:
+        """Return the user's module inside a wrapper this strategy made (the
+        ``module`` of a DDP wrapper); the base has no wrapper. Checkpoints
+        save and load the unwrapped module, so their keys do not depend on
+        the strategy."""
+        return module
+
     def module_to_device(self, module: Any) -> Any:
         """Move ``module`` to :attr:`root_device`; return it."""
         return module.to(self.root_device)
@@ -253,6 +260,7 @@ class Strategy:
                 continue
             value = loaded.pop(key)
             if hasattr(target, "load_state_dict"):
+                target = self.unwrap_module(target)
                 if _is_module(target):
                     target.load_state_dict(value, strict=strict)
                 else:
@@ -260,7 +268,10 @@ class Strategy:
         return loaded
 
     def _to_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        out = {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()}
+        out = {
+            k: (self.unwrap_module(v).state_dict() if hasattr(v, "state_dict") else v)
+            for k, v in state.items()
+        }
         precision_state = self.precision.state_dict()
         if precision_state:
             out["precision"] = precision_state

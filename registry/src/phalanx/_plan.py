@@ -69,6 +69,8 @@ class Plan:
     launcher: Choice | None
     devices: DevicesFlag = "auto"
     num_nodes: int = 1
+    #: The user's options, given at build to the one part whose constructor takes each.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def parts(self) -> list[Choice]:
         """The chosen parts in build order (a strategy instance has none)."""
@@ -78,6 +80,7 @@ class Plan:
         return {
             "devices": self.devices if isinstance(self.devices, (int, str)) else list(self.devices),
             "num_nodes": self.num_nodes,
+            "options": {k: repr(v) for k, v in self.options.items()},
             "parts": {str(c.kind): c.to_dict() for c in self.parts()},
         }
 
@@ -89,6 +92,8 @@ class Plan:
             rows.append((str(c.kind), c.name, source, c.reason))
         width = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [f"devices={self.devices!r} num_nodes={self.num_nodes}"]
+        if self.options:
+            lines[0] += " options: " + ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         for kind, name, source, reason in rows:
             lines.append(f"{kind:<{width[0]}}  {name:<{width[1]}}  {source:<{width[2]}}  {reason}")
         return "\n".join(lines)

@@ -13,6 +13,7 @@ from phalanx_core import (
     Collective,
     Launcher,
     MisconfigurationError,
+    PluginError,
     Precision,
     Strategy,
     UnavailableError,
@@ -291,14 +292,6 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
                 f"launcher {launcher.name!r} cannot run in a notebook or REPL (it re-runs the "
                 f"script); use an interactive launcher: {', '.join(ok) or '(none installed)'}"
             )
-    strategy = Choice(
-        strategy.kind,
-        strategy.name,
-        strategy.reason,
-        strategy.spec,
-        strategy.provider,
-        options={**strategy.options, **flags["options"]},
-    )
     return Plan(
         strategy,
         accelerator,
@@ -308,41 +301,88 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
         launcher,
         flags["devices"],
         flags["num_nodes"],
+        dict(flags["options"]),
     )
 
 
 # -- step 3: build ----------------------------------------------------------------
 
 
-def _construct(registry: Registry, choice: Choice, **given: Any) -> Any:
+#: What build passes to each kind itself; users cannot set these as options.
+_GIVEN: dict[Kind, tuple[str, ...]] = {
+    Kind.ACCELERATOR: (),
+    Kind.ENVIRONMENT: (),
+    Kind.PRECISION: ("accelerator",),
+    Kind.COLLECTIVE: (),
+    Kind.LAUNCHER: ("environment", "num_processes", "num_nodes"),
+    Kind.STRATEGY: (
+        "accelerator",
+        "environment",
+        "collective",
+        "precision",
+        "launcher",
+        "parallel_devices",
+        "num_nodes",
+    ),
+}
+
+
+def _target(registry: Registry, choice: Choice) -> tuple[Entry, type] | None:
+    """The entry and class a choice builds, or None for a ready instance."""
     if choice.instance is not None:
-        return choice.instance
-    entry = registry.get(
-        choice.kind,
+        return None
+    qualified = (
         f"{choice.provider.distribution}:{choice.name}"
         if choice.provider and choice.provider.distribution
-        else choice.name,
+        else choice.name
     )
+    entry = registry.get(choice.kind, qualified)
     target = entry.load()
     interface = INTERFACES[choice.kind]
     if not (isinstance(target, type) and issubclass(target, interface)):
-        from phalanx_core import PluginError
-
         raise PluginError(
             f"{entry.describe()}: its target {entry.spec.target!r} is {target!r}, not a subclass "
             f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.owner()}"
         )
-    options = {**choice.options, **given}
-    accepted = _accepted_options(target)
-    if accepted is not None:
-        bad = sorted(set(options) - accepted)
-        if bad:
-            takes = sorted(accepted - set(given))
-            raise MisconfigurationError(
-                f"{entry.describe()} does not take option(s) {', '.join(map(repr, bad))}; it takes "
-                f"{', '.join(takes) or 'no options'}"
+    return entry, target
+
+
+def _route(plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]) -> dict[Kind, dict[str, Any]]:
+    """Give each user option to the one part whose constructor takes it."""
+    routed: dict[Kind, dict[str, Any]] = {kind: {} for kind in targets}
+    takes: dict[Kind, set[str]] = {}
+    for kind, found in targets.items():
+        if found is not None:
+            accepted = _accepted_options(found[1])
+            takes[kind] = (accepted if accepted is not None else set()) - set(_GIVEN[kind])
+    for key, value in plan.options.items():
+        takers = [kind for kind, names in takes.items() if key in names]
+        if len(takers) == 1:
+            routed[takers[0]][key] = value
+            continue
+        if not takers:
+            accepted_by = "; ".join(
+                f"{kind} {targets[kind][0].name!r} takes {', '.join(sorted(names)) or 'none'}"  # type: ignore[index]
+                for kind, names in takes.items()
             )
-    return target(**options)
+            raise MisconfigurationError(
+                f"option {key}={value!r} is taken by no part of this plan ({accepted_by}). Check "
+                "the spelling, or pass a ready instance of the part that should get it"
+            )
+        raise MisconfigurationError(
+            f"option {key}={value!r} is taken by more than one part: "
+            f"{', '.join(f'{k} {targets[k][0].name!r}' for k in takers)}; pass a ready instance "  # type: ignore[index]
+            "of the part you mean instead (e.g. collective=TorchCollective(timeout=60))"
+        )
+    return routed
+
+
+def _construct(
+    found: tuple[Entry, type] | None, choice: Choice, options: dict[str, Any], **given: Any
+) -> Any:
+    if found is None:
+        return choice.instance
+    return found[1](**{**choice.options, **options, **given})
 
 
 def _accepted_options(cls: type) -> set[str] | None:
@@ -378,25 +418,39 @@ def build(registry: Registry, plan: Plan) -> Strategy:
     if acc is None or env is None or prec is None or coll is None or launch is None:
         raise MisconfigurationError(f"build(): the plan has unchosen parts: {plan!r}")
     spec = plan.strategy.spec
-    accelerator = _construct(registry, acc)
+    targets = {choice.kind: _target(registry, choice) for choice in plan.parts()}
+    for kind, found in targets.items():
+        if found is not None:
+            choice = getattr(plan, str(kind))
+            accepted = _accepted_options(found[1])
+            bad = sorted(set(choice.options) - accepted) if accepted is not None else []
+            if bad:
+                raise PluginError(
+                    f"{found[0].describe()}: its spec gives option(s) {', '.join(map(repr, bad))}, "
+                    f"which {found[1].__qualname__} does not take. Fix or uninstall {found[0].owner()}"
+                )
+    options = _route(plan, targets)
+    accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
     devices = plan.devices
     if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
         devices = 1
     parallel_devices = accelerator.parallel_devices(devices)
-    environment = _construct(registry, env)
+    environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
     environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
-    precision = _construct(registry, prec, accelerator=accelerator)
-    collective = _construct(registry, coll)
+    precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
+    collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
     launcher = _construct(
-        registry,
+        targets[Kind.LAUNCHER],
         launch,
+        options[Kind.LAUNCHER],
         environment=environment,
         num_processes=len(parallel_devices),
         num_nodes=plan.num_nodes,
     )
     strategy: Strategy = _construct(
-        registry,
+        targets[Kind.STRATEGY],
         plan.strategy,
+        options[Kind.STRATEGY],
         accelerator=accelerator,
         environment=environment,
         collective=collective,

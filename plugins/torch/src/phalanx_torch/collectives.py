@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime
+import os
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 
 from phalanx_core import (
     ClusterEnvironment,
     Collective,
+    CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
+    NonMember,
+    UnavailableError,
     Work,
     check_rank,
     check_reduce_op,
 )
 from phalanx_core.accelerator import Accelerator
 
-__all__ = ["SingleDeviceCollective"]
+__all__ = ["SingleDeviceCollective", "TorchCollective"]
 
 _BOOL_OPS = ("min", "max")
 
@@ -164,3 +171,444 @@ class SingleDeviceCollective(Collective):
         group = SingleDeviceCollective(timeout=self.timeout)
         group._initialized = True
         return group
+
+
+_TIMED_OUT = re.compile(r"timed?[ _-]?out", re.IGNORECASE)
+_MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+class _TorchWork(Work):
+    """A torch.distributed ``Work`` adapted to the contract: ``wait()``
+    returns the operation's result, after any post-processing (the division
+    of ``"mean"``), and raises CollectiveTimeoutError on a timeout."""
+
+    def __init__(
+        self,
+        work: Any,
+        result: Any,
+        collective: TorchCollective,
+        operation: str,
+        finish: Callable[[], object] | None = None,
+    ) -> None:
+        self._work = work
+        self._result = result
+        self._collective = collective
+        self._operation = operation
+        self._finish = finish
+
+    def wait(self) -> Any:
+        try:
+            self._work.wait()
+        except RuntimeError as exc:
+            raise self._collective._translate(exc, self._operation) from exc
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
+        return self._result
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed()) and self._finish is None
+
+
+class TorchCollective(Collective):
+    """The contract over ``torch.distributed``, for any c10d backend by name.
+
+    Options:
+        backend: the c10d backend — ``"gloo"``, ``"nccl"``, ``"mpi"`` where
+            torch has it, or any name a third party registered with
+            ``torch.distributed.Backend.register_backend``. ``None`` (the
+            default) uses the accelerator's (gloo for cpu, nccl for cuda).
+        timeout: seconds an operation may take (the process group's timeout,
+            for groups this collective makes).
+
+    :meth:`setup` makes the default process group from the environment
+    (``env://``: ``MASTER_ADDR`` / ``MASTER_PORT`` from the environment's
+    main address and port) — or adopts the one the user already made, which
+    it then never destroys. Each operation is one torch.distributed call:
+    no barrier before a reduction, no copy the contract does not need.
+    ``"mean"`` is ``AVG`` for floating-point tensors and a sum followed by a
+    floor division for integers. ``barrier`` on gloo is
+    ``monitored_barrier``, so a timeout names the ranks that did not arrive.
+    """
+
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, *, timeout: float = 1800.0, backend: str | None = None) -> None:
+        super().__init__(timeout=timeout)
+        if backend is not None and not isinstance(backend, str):
+            raise MisconfigurationError(f"TorchCollective(backend={backend!r}): give a backend name (str)")
+        self._backend_flag = backend
+        self._group: Any = None  # None: the default group
+        self._owns = False
+        self._initialized = False
+        self._rank = -1
+        self._world_size = 0
+        self._global_ranks: tuple[int, ...] = ()
+        self._backend = ""
+
+    # -- life cycle -------------------------------------------------------
+
+    @staticmethod
+    def _check_backend(name: str) -> str:
+        backend = name.lower()
+        known = [b for b in dist.Backend.backend_list if b != "undefined"]
+        if backend not in known:
+            raise MisconfigurationError(
+                f"collective 'torch' with backend={name!r}: torch.distributed knows no such backend; "
+                f"it has {', '.join(known)}. Register a third-party backend with "
+                "torch.distributed.Backend.register_backend before resolving, or choose one of those"
+            )
+        available = {
+            "gloo": dist.is_gloo_available,
+            "nccl": dist.is_nccl_available,
+            "mpi": dist.is_mpi_available,
+        }
+        if backend in available and not available[backend]():
+            raise UnavailableError(
+                f"collective 'torch' with backend={backend!r}: this torch build has no {backend} "
+                f"backend ({torch.__version__}); "
+                + (
+                    "torch from PyPI has no MPI backend: use collective='mpi' (phalanx-mpi) for MPI, "
+                    "or backend='gloo'"
+                    if backend == "mpi"
+                    else "install a torch build with it, or choose another backend"
+                )
+            )
+        return backend
+
+    def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
+        if self._initialized:
+            return
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() != environment.world_size:
+                raise MisconfigurationError(
+                    f"collective 'torch' found a process group of {dist.get_world_size()} ranks already "
+                    f"made, but the environment says world_size={environment.world_size}; make the "
+                    "group with the job's world size, or let phalanx make it"
+                )
+            self._owns = False
+        else:
+            backend = self._check_backend(
+                self._backend_flag or (accelerator.collective_backend if accelerator else None) or "gloo"
+            )
+            os.environ["MASTER_ADDR"] = environment.main_address
+            os.environ["MASTER_PORT"] = str(environment.main_port)
+            try:
+                dist.init_process_group(
+                    backend,
+                    rank=environment.global_rank,
+                    world_size=environment.world_size,
+                    timeout=datetime.timedelta(seconds=self.timeout),
+                )
+            except RuntimeError as exc:
+                raise self._translate(exc, "setup") from exc
+            self._owns = True
+        self._backend = str(dist.get_backend())
+        self._rank = dist.get_rank()
+        self._world_size = dist.get_world_size()
+        self._global_ranks = tuple(range(self._world_size))
+        self._initialized = True
+
+    def teardown(self) -> None:
+        if self._owns and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns = False
+        self._initialized = False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._initialized
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._global_ranks
+
+    @property
+    def backend(self) -> str:
+        """The c10d backend of this collective's group (``"gloo"``)."""
+        return self._backend
+
+    @property
+    def process_group(self) -> Any:
+        """The torch ProcessGroup (``None`` for the default group), for code
+        that calls torch.distributed itself."""
+        return self._group
+
+    # -- helpers -------------------------------------------------------------
+
+    def _translate(self, exc: BaseException, operation: str) -> BaseException:
+        message = str(exc)
+        if not _TIMED_OUT.search(message):
+            return exc
+        missing = _MISSING_RANKS.search(message)
+        ranks = tuple(int(r) for r in missing.group(1).replace(" ", "").split(",") if r) if missing else None
+        who = f"; ranks {list(ranks)} did not arrive" if ranks else ""
+        return CollectiveTimeoutError(
+            f"{operation}() on the 'torch' collective ({self._backend}, rank {self._rank} of "
+            f"{self._world_size}) did not complete within {self.timeout:g} s{who}. A rank may have "
+            "died, hung, or not called the same operation; raise timeout= if the work is just slow",
+            operation=operation,
+            timeout=self.timeout,
+            missing_ranks=ranks,
+        )
+
+    def _peer(self, rank: int, operation: str, argument: str) -> int:
+        """The global rank of group rank ``rank``."""
+        return self._global_ranks[check_rank(rank, self._world_size, operation=operation, argument=argument)]
+
+    def _reduce(self, tensor: torch.Tensor, op: str) -> tuple[Any, torch.Tensor, Callable[[], object] | None]:
+        """The ReduceOp, the tensor torch reduces, and what to do after."""
+        name = check_reduce_op(op, self.reduce_ops, collective=self.name)
+        if tensor.dtype is torch.bool:
+            if name not in _BOOL_OPS:
+                raise MisconfigurationError(
+                    f"op={op!r} on a bool tensor: only 'min' (logical and) and 'max' (logical or) are "
+                    "defined for bool tensors; convert to an integer dtype for counting"
+                )
+            return _REDUCE_OPS[name], tensor.view(torch.uint8), None
+        if name != "mean":
+            return _REDUCE_OPS[name], tensor, None
+        if tensor.is_floating_point() or tensor.is_complex():
+            return dist.ReduceOp.AVG, tensor, None
+        size = self._world_size
+        return dist.ReduceOp.SUM, tensor, lambda: tensor.div_(size, rounding_mode="floor")
+
+    def _done(
+        self,
+        work: Any,
+        result: Any,
+        async_op: bool,
+        operation: str,
+        finish: Callable[[], object] | None = None,
+    ) -> Any:
+        if async_op:
+            return _TorchWork(work, result, self, operation, finish)
+        if finish is not None:
+            finish()
+        return result
+
+    # -- tensor operations -------------------------------------------------
+
+    def barrier(self, *, async_op: bool = False) -> Work | None:
+        try:
+            if async_op:
+                return _TorchWork(dist.barrier(group=self._group, async_op=True), None, self, "barrier")
+            if self._backend == "gloo" and self._world_size > 1:
+                dist.monitored_barrier(
+                    group=self._group,
+                    timeout=datetime.timedelta(seconds=self.timeout),
+                    wait_all_ranks=True,
+                )
+            else:
+                dist.barrier(group=self._group)
+        except RuntimeError as exc:
+            raise self._translate(exc, "barrier") from exc
+        return None
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False) -> Any:
+        peer = self._peer(src, "broadcast", "src")
+        try:
+            work = dist.broadcast(tensor, peer, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "broadcast") from exc
+        return self._done(work, tensor, async_op, "broadcast")
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False) -> Any:
+        reduce_op, target, finish = self._reduce(tensor, op)
+        try:
+            work = dist.all_reduce(target, reduce_op, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_reduce") from exc
+        return self._done(work, tensor, async_op, "all_reduce", finish)
+
+    def reduce(self, tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
+        peer = self._peer(dst, "reduce", "dst")
+        reduce_op, target, finish = self._reduce(tensor, op)
+        try:
+            work = dist.reduce(target, peer, reduce_op, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "reduce") from exc
+        return self._done(work, tensor, async_op, "reduce", finish if self._rank == dst else None)
+
+    def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False) -> Any:
+        out = [torch.empty_like(tensor) for _ in range(self._world_size)]
+        try:
+            work = dist.all_gather(out, tensor, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_gather") from exc
+        return self._done(work, out, async_op, "all_gather")
+
+    def gather(self, tensor: torch.Tensor, dst: int = 0, *, async_op: bool = False) -> Any:
+        peer = self._peer(dst, "gather", "dst")
+        out = [torch.empty_like(tensor) for _ in range(self._world_size)] if self._rank == dst else None
+        try:
+            work = dist.gather(tensor, out, dst=peer, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "gather") from exc
+        return self._done(work, out if out is not None else [], async_op, "gather")
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: Sequence[torch.Tensor] | None = None,
+        src: int = 0,
+        *,
+        async_op: bool = False,
+    ) -> Any:
+        peer = self._peer(src, "scatter", "src")
+        if self._rank == src:
+            if scatter_list is None or len(scatter_list) != self._world_size:
+                raise MisconfigurationError(
+                    f"scatter(): the source rank gives scatter_list with one tensor per rank "
+                    f"({self._world_size}), got {None if scatter_list is None else len(scatter_list)}"
+                )
+            chunks: list[torch.Tensor] | None = list(scatter_list)
+        else:
+            chunks = None
+        try:
+            work = dist.scatter(tensor, chunks, src=peer, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "scatter") from exc
+        return self._done(work, tensor, async_op, "scatter")
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False) -> Any:
+        if tensor.dim() == 0 or tensor.shape[0] % self._world_size:
+            raise MisconfigurationError(
+                f"reduce_scatter(): dimension 0 of the tensor ({tuple(tensor.shape)}) must be divisible "
+                f"by the group's size ({self._world_size})"
+            )
+        reduce_op, source, _ = self._reduce(tensor, op)
+        out = torch.empty(
+            (tensor.shape[0] // self._world_size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        )
+        target = out.view(torch.uint8) if tensor.dtype is torch.bool else out
+        finish = None
+        if check_reduce_op(op, self.reduce_ops) == "mean" and not (
+            tensor.is_floating_point() or tensor.is_complex()
+        ):
+            size = self._world_size
+            finish = lambda: out.div_(size, rounding_mode="floor")  # noqa: E731
+        try:
+            work = _reduce_scatter(target, source, reduce_op, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "reduce_scatter") from exc
+        return self._done(work, out, async_op, "reduce_scatter", finish)
+
+    def all_to_all(self, tensors: Sequence[torch.Tensor], *, async_op: bool = False) -> Any:
+        if len(tensors) != self._world_size:
+            raise MisconfigurationError(
+                f"all_to_all(): give one tensor per rank ({self._world_size}), got {len(tensors)}"
+            )
+        out = [torch.empty_like(t) for t in tensors]
+        try:
+            work = dist.all_to_all(out, list(tensors), group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_to_all") from exc
+        return self._done(work, out, async_op, "all_to_all")
+
+    def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
+        peer = self._peer(dst, "send", "dst")
+        if dst == self._rank:
+            raise MisconfigurationError(f"send(dst={dst}): a rank cannot send to itself")
+        try:
+            dist.send(tensor, peer, group=self._group, tag=tag)
+        except RuntimeError as exc:
+            raise self._translate(exc, "send") from exc
+
+    def recv(self, tensor: torch.Tensor, src: int, *, tag: int = 0) -> torch.Tensor:
+        peer = self._peer(src, "recv", "src")
+        if src == self._rank:
+            raise MisconfigurationError(f"recv(src={src}): a rank cannot receive from itself")
+        try:
+            dist.recv(tensor, peer, group=self._group, tag=tag)
+        except RuntimeError as exc:
+            raise self._translate(exc, "recv") from exc
+        return tensor
+
+    # -- object operations ---------------------------------------------------
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        peer = self._peer(src, "broadcast_object", "src")
+        box = [obj]
+        try:
+            dist.broadcast_object_list(box, src=peer, group=self._group)
+        except RuntimeError as exc:
+            raise self._translate(exc, "broadcast_object") from exc
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self._world_size
+        try:
+            dist.all_gather_object(out, obj, group=self._group)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_gather_object") from exc
+        return out
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any]:
+        peer = self._peer(dst, "gather_object", "dst")
+        out: list[Any] | None = [None] * self._world_size if self._rank == dst else None
+        try:
+            dist.gather_object(obj, out, dst=peer, group=self._group)
+        except RuntimeError as exc:
+            raise self._translate(exc, "gather_object") from exc
+        return out if out is not None else []
+
+    def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
+        peer = self._peer(src, "scatter_object", "src")
+        if self._rank == src and (objs is None or len(objs) != self._world_size):
+            raise MisconfigurationError(
+                f"scatter_object(): the source rank gives one object per rank ({self._world_size}), "
+                f"got {None if objs is None else len(objs)}"
+            )
+        out: list[Any] = [None]
+        try:
+            dist.scatter_object_list(
+                out, list(objs) if self._rank == src and objs else None, src=peer, group=self._group
+            )
+        except RuntimeError as exc:
+            raise self._translate(exc, "scatter_object") from exc
+        return out[0]
+
+    # -- groups --------------------------------------------------------------
+
+    def new_group(self, ranks: Sequence[int]) -> Collective:
+        members = list(ranks)
+        if not members or len(set(members)) != len(members):
+            raise MisconfigurationError(
+                f"new_group({members!r}): give a non-empty list of distinct ranks of this group"
+            )
+        world = sorted(self._peer(r, "new_group", "ranks") for r in members)
+        try:
+            group = dist.new_group(world, timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            raise self._translate(exc, "new_group") from exc
+        me = self._global_ranks[self._rank] if self._rank >= 0 else -1
+        if me not in world:
+            return NonMember(world, parent=self.name, world_rank=me)
+        sub = TorchCollective(timeout=self.timeout, backend=self._backend)
+        sub._group = group
+        sub._initialized = True
+        sub._backend = self._backend
+        sub._rank = world.index(me)
+        sub._world_size = len(world)
+        sub._global_ranks = tuple(world)
+        return sub
+
+
+# torch 2.13 renamed reduce_scatter_tensor (now deprecated) to reduce_scatter_single.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "product": dist.ReduceOp.PRODUCT,
+}

@@ -18,6 +18,7 @@ from phalanx_core import (
 
 _INSTALL = "pip install torch"
 _PKG = "phalanx_torch"
+_NEEDS = ("torch",)
 
 
 @hookimpl
@@ -27,34 +28,66 @@ def phalanx_accelerators() -> list[AcceleratorSpec]:
             name="cpu",
             target=f"{_PKG}.accelerators:CPUAccelerator",
             summary="the CPU; devices=N runs N processes on it",
-            needs=("torch",),
-            install=_INSTALL,
             priority=0,
+            needs=_NEEDS,
+            install=_INSTALL,
         ),
     ]
 
 
 @hookimpl
 def phalanx_environments() -> list[EnvironmentSpec]:
+    # Detection order, highest priority first: torchelastic, slurm, lsf,
+    # kubeflow, mpi, local. local always detects, so it comes last.
+    env = f"{_PKG}.environments"
+    table = (
+        ("torchelastic", "TorchElasticEnvironment", 100, "processes started by torchrun / torch elastic"),
+        ("slurm", "SLURMEnvironment", 80, "a Slurm job step (srun): ranks from SLURM_PROCID, ..."),
+        ("lsf", "LSFEnvironment", 70, "an IBM Spectrum LSF job (jsrun): ranks from JSM_NAMESPACE_*"),
+        ("kubeflow", "KubeflowEnvironment", 60, "a Kubeflow PyTorchJob: one process per pod"),
+        ("mpi", "MPIEnvironment", 50, "processes started by mpirun (OpenMPI) or a PMI launcher"),
+        ("local", "LocalEnvironment", 0, "this machine; ranks from the launcher (the default)"),
+    )
     return [
-        EnvironmentSpec(
-            name="local",
-            target=f"{_PKG}.environments:LocalEnvironment",
-            summary="this machine; ranks from the launcher (the default)",
-            priority=0,
-        ),
+        EnvironmentSpec(name=name, target=f"{env}:{cls}", priority=priority, summary=summary)
+        for name, cls, priority, summary in table
     ]
 
 
 @hookimpl
 def phalanx_launchers() -> list[LauncherSpec]:
+    launch = f"{_PKG}.launchers"
     return [
         LauncherSpec(
             name="in_process",
-            target=f"{_PKG}.launchers:InProcessLauncher",
+            target=f"{launch}:InProcessLauncher",
             summary="runs fn in this process (alone, or in processes torchrun/srun/mpirun made)",
             interactive=True,
             creates_processes=False,
+        ),
+        LauncherSpec(
+            name="subprocess",
+            target=f"{launch}:SubprocessLauncher",
+            summary="re-runs the script once per local rank under torch.distributed.elastic",
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        LauncherSpec(
+            name="spawn",
+            target=f"{launch}:MultiprocessingLauncher",
+            summary="starts fresh interpreters (torch.multiprocessing, start method spawn)",
+            options={"start_method": "spawn"},
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        LauncherSpec(
+            name="fork",
+            target=f"{launch}:MultiprocessingLauncher",
+            summary="forks this process (works in notebooks; not once CUDA is initialised)",
+            options={"start_method": "fork"},
+            interactive=True,
+            needs=_NEEDS,
+            install=_INSTALL,
         ),
     ]
 
@@ -63,10 +96,18 @@ def phalanx_launchers() -> list[LauncherSpec]:
 def phalanx_collectives() -> list[CollectiveSpec]:
     return [
         CollectiveSpec(
+            name="torch",
+            target=f"{_PKG}.collectives:TorchCollective",
+            summary="torch.distributed over any c10d backend (gloo, nccl, mpi, registered ones)",
+            priority=10,
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        CollectiveSpec(
             name="single_device",
             target=f"{_PKG}.collectives:SingleDeviceCollective",
             summary="a world of one process: every operation is local",
-            needs=("torch",),
+            needs=_NEEDS,
             install=_INSTALL,
         ),
     ]
@@ -79,24 +120,44 @@ def phalanx_precisions() -> list[PrecisionSpec]:
             name="32-true",
             target=f"{_PKG}.precisions:FullPrecision",
             summary="float32 weights and compute",
-            needs=("torch",),
-            install=_INSTALL,
             aliases=("32",),
+            needs=_NEEDS,
+            install=_INSTALL,
         ),
     ]
 
 
 @hookimpl
 def phalanx_strategies() -> list[StrategySpec]:
+    ddp = (
+        ("ddp", "subprocess", 10, "DistributedDataParallel; the script is re-run once per device"),
+        ("ddp_spawn", "spawn", 5, "DistributedDataParallel in processes started by spawn"),
+        ("ddp_fork", "fork", 0, "DistributedDataParallel in forked processes"),
+        ("ddp_notebook", "fork", 0, "ddp_fork, under the name notebooks look for"),
+    )
     return [
         StrategySpec(
             name="single_device",
             target=f"{_PKG}.strategies:SingleDeviceStrategy",
             summary="one process on one device",
-            needs=("torch",),
-            install=_INSTALL,
             launcher="in_process",
             collective="single_device",
             parallel=False,
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        *(
+            StrategySpec(
+                name=name,
+                target=f"{_PKG}.strategies:DDPStrategy",
+                summary=summary,
+                launcher=launcher,
+                collective="torch",
+                parallel=True,
+                priority=priority,
+                needs=_NEEDS,
+                install=_INSTALL,
+            )
+            for name, launcher, priority, summary in ddp
         ),
     ]
