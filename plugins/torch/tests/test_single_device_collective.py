@@ -105,3 +105,9 @@ def test_bad_environment_variable_is_named(monkeypatch):
     monkeypatch.setenv("RANK", "zero")
     with pytest.raises(MisconfigurationError, match="environment variable RANK='zero' is not an integer"):
         LocalEnvironment().global_rank
+
+
+def test_the_shared_contract(coll):
+    from phalanx_core.testing.contract import CHECKS, check_collective
+
+    assert check_collective(coll) == list(CHECKS)

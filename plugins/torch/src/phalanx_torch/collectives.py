@@ -173,7 +173,7 @@ class SingleDeviceCollective(Collective):
         return group
 
 
-_TIMED_OUT = re.compile(r"timed?[ _-]?out", re.IGNORECASE)
+_TIMED_OUT = re.compile(r"timed?[ _-]?out|failed to pass monitoredBarrier", re.IGNORECASE)
 _MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 

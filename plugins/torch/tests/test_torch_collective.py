@@ -1,0 +1,109 @@
+"""The torch collective meets the shared contract over real gloo process
+groups of 1, 2 and 3 processes, and over a third-party c10d backend."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import phalanx
+from phalanx_core import MisconfigurationError, UnavailableError
+from phalanx_core.testing.contract import CHECKS, check_collective
+from phalanx_torch.collectives import TorchCollective
+
+pytestmark = pytest.mark.subprocess
+
+THIRD_PARTY = "phalanxtestbackend"
+
+
+def _make_third_party_group(store, rank, size, timeout):
+    # A third party's backend: here gloo's process group under another name.
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def register_third_party() -> None:
+    if THIRD_PARTY not in dist.Backend.backend_list:
+        dist.Backend.register_backend(THIRD_PARTY, _make_third_party_group, devices=["cpu"])
+
+
+# Spawned ranks import this module afresh: register there too.
+register_third_party()
+
+
+def run_contract(strategy):
+    collective = strategy.collective
+    assert isinstance(collective, TorchCollective)
+    return strategy.global_rank, collective.backend, check_collective(collective)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_contract_over_gloo(world_size):
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=world_size, timeout=60)
+    results = strategy.launch(run_contract)
+    assert [r[0] for r in results] == list(range(world_size))
+    for _, backend, ran in results:
+        assert backend == "gloo"
+        assert ran == list(CHECKS)
+
+
+def test_a_third_party_backend_by_name():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, backend=THIRD_PARTY, timeout=60)
+    results = strategy.launch(run_contract)
+    assert [backend for _, backend, _ in results] == [THIRD_PARTY, THIRD_PARTY]
+    assert all(ran == list(CHECKS) for _, _, ran in results)
+
+
+def adopt_existing_group(strategy):
+    # A group exists (the strategy's collective made it, as a user's own
+    # init_process_group would): a new torch collective adopts it, and its
+    # teardown leaves the group to whoever made it.
+    adopted = TorchCollective(timeout=30)
+    adopted.setup(strategy.environment, strategy.accelerator)
+    t = torch.ones(1)
+    adopted.all_reduce(t)
+    adopted.teardown()
+    return t.item(), dist.is_initialized()
+
+
+def test_adopts_a_group_the_user_made():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=60)
+    assert strategy.launch(adopt_existing_group) == [(2.0, True), (2.0, True)]
+
+
+def test_unknown_and_unavailable_backends_are_refused_by_name():
+    with pytest.raises(MisconfigurationError, match=r"knows no such backend; it has .*gloo"):
+        TorchCollective._check_backend("glooo")
+    if not dist.is_mpi_available():
+        with pytest.raises(UnavailableError, match=r"no mpi backend .* use collective='mpi'"):
+            TorchCollective._check_backend("mpi")
+    if not dist.is_nccl_available():
+        with pytest.raises(UnavailableError, match=r"no nccl backend"):
+            TorchCollective._check_backend("nccl")
+
+
+def slow_rank_times_out(strategy):
+    from phalanx_core import CollectiveTimeoutError
+
+    if strategy.global_rank == 1:
+        import time
+
+        time.sleep(6)  # simulates a rank that never arrives within rank 0's 2 s barrier
+        return "late"
+    try:
+        strategy.collective.barrier()
+    except CollectiveTimeoutError as exc:
+        return exc.operation, exc.missing_ranks, exc.timeout
+    return "no timeout"
+
+
+def test_a_rank_that_does_not_arrive_is_named_by_the_timeout():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=2)
+    assert strategy.launch(slow_rank_times_out) == [("barrier", (1,), 2.0), "late"]
+
+
+def test_timeout_is_a_positive_number():
+    with pytest.raises(MisconfigurationError, match="positive number of seconds"):
+        TorchCollective(timeout=datetime.timedelta(seconds=3))  # type: ignore[arg-type]
