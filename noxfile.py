@@ -1,5 +1,7 @@
 """Every way phalanx is checked, as nox sessions. ``nox`` runs the default
-ones (lint, typecheck, tests, docs); ``nox -s tests`` one of them.
+ones (lint, typecheck, tests, docs, slurm, mpi); ``nox -s tests`` one of them.
+``slurm`` and ``mpi`` install Debian packages with apt-get: they need root
+on a Debian or Ubuntu machine (CI).
 
 Packages are derived from the tree: ``core``, ``registry`` and every folder
 under ``plugins/`` with a ``pyproject.toml``. torch is installed first, pinned
@@ -12,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
@@ -22,7 +25,7 @@ PACKAGES = [
 ]
 TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -70,3 +73,46 @@ def docs(session: nox.Session) -> None:
     session.run(
         "mkdocs", "build", "--strict", "--config-file", "docs/mkdocs.yml", env={"NO_MKDOCS_2_WARNING": "1"}
     )
+
+
+def apt_install(session: nox.Session, *packages: str) -> None:
+    """Debian packages, non-interactively; ``apt-get update`` only when the
+    install fails without it (a fresh machine's package lists may be stale
+    or missing)."""
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    command = ("apt-get", "install", "-y", "-q", *packages)
+    try:
+        session.run(*command, env=env, external=True)
+    except CommandFailed:
+        session.log("apt-get install failed; updating the package lists and trying again")
+        session.run("apt-get", "update", "-q", env=env, external=True)
+        session.run(*command, env=env, external=True)
+
+
+def real_runs(session: nox.Session, name: str) -> None:
+    """pytest on tests/real/test_{name}.py, which conftest collects only
+    when PHALANX_REAL_RUNS names it (the ``tests`` session leaves it out)."""
+    install_packages(session)
+    session.install("pytest>=8")
+    session.run("pytest", f"tests/real/test_{name}.py", *session.posargs, env={"PHALANX_REAL_RUNS": name})
+
+
+@nox.session
+def slurm(session: nox.Session) -> None:
+    """Real runs under srun on a one-node Slurm cluster on loopback.
+
+    Installs Slurm and munge; the tests start munged, slurmctld and slurmd
+    with tests/real/slurm/start.sh (free ports, state in a temporary folder)
+    and stop them by pid file in the fixture's teardown, whether the tests
+    pass or fail.
+    """
+    apt_install(session, "slurmd", "slurmctld", "slurm-client", "munge")
+    real_runs(session, "slurm")
+
+
+@nox.session
+def mpi(session: nox.Session) -> None:
+    """Real runs under OpenMPI's mpirun (the ``mpi`` environment reads
+    mpirun's variables; torch talks over gloo, so no mpi4py)."""
+    apt_install(session, "openmpi-bin")
+    real_runs(session, "mpi")

@@ -8,10 +8,12 @@ import pytest
 
 import phalanx
 from phalanx_core import (
+    AcceleratorSpec,
     MisconfigurationError,
     StrategySpec,
     UnavailableError,
     UnknownNameError,
+    hookimpl,
 )
 
 
@@ -144,8 +146,22 @@ def test_impossible_combinations_are_refused_before_building(registry):
         registry.plan("single_device", accelerator="cpu", devices=2)
     with pytest.raises(MisconfigurationError, match=r"num_nodes=2 ask for more"):
         registry.plan("single_device", accelerator="cpu", num_nodes=2)
+    plan = registry.plan(accelerator="cpu", devices=4)  # auto picks a parallel strategy
+    assert plan.strategy.name == "ddp"
+    assert plan.strategy.reason == "auto: the parallel strategy of highest priority"
+
+    class OnlySingle:  # a plugin with a CPU and no parallel strategy
+        @hookimpl
+        def phalanx_accelerators(self):
+            return [AcceleratorSpec(name="cpu", target="phalanx_torch.accelerators:CPUAccelerator")]
+
+        @hookimpl
+        def phalanx_strategies(self):
+            return [StrategySpec(name="one", target="phalanx_torch.strategies:SingleDeviceStrategy")]
+
+    only_single = phalanx.Registry(plugins=[OnlySingle()], autoload=False)
     with pytest.raises(MisconfigurationError, match=r"found no parallel strategy for accelerator 'cpu'"):
-        registry.plan(accelerator="cpu", devices=4)
+        only_single.plan(accelerator="cpu", devices=4)
 
 
 def test_unknown_strategy_options_are_refused(registry):

@@ -192,7 +192,7 @@ def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Cho
             raise MisconfigurationError(
                 f"launcher={choice.name!r} creates processes, but environment "
                 f"{environment.name!r} already started one process per rank; drop launcher= (the "
-                "processes that exist are used) or run without that scheduler's launcher"
+                "processes that exist are used), or pass environment='local' to start them yourself"
             )
         return choice
     entry = registry.get(Kind.LAUNCHER, default)

@@ -60,8 +60,9 @@ class DDPStrategy(Strategy):
             "find_unused_parameters": find_unused_parameters,
             "static_graph": static_graph,
             "gradient_as_bucket_view": gradient_as_bucket_view,
-            "broadcast_buffers": broadcast_buffers,
         }
+        if not broadcast_buffers:  # torch 2.13 warns when it is passed at all, even as the default
+            self._ddp_kwargs["broadcast_buffers"] = False
         if bucket_cap_mb is not None:
             self._ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
         self._ddp_group: TorchCollective | None = None
