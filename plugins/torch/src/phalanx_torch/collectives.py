@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -173,6 +174,8 @@ class SingleDeviceCollective(Collective):
         return group
 
 
+#: Set-ups of a default group in this process; every rank counts the same.
+_SETUPS = itertools.count()
 _TIMED_OUT = re.compile(r"timed?[ _-]?out|failed to pass monitoredBarrier", re.IGNORECASE)
 _MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
@@ -293,12 +296,22 @@ class TorchCollective(Collective):
             )
             os.environ["MASTER_ADDR"] = environment.main_address
             os.environ["MASTER_PORT"] = str(environment.main_port)
+            timeout = datetime.timedelta(seconds=self.timeout)
             try:
+                store, rank, size = next(
+                    dist.rendezvous(  # type: ignore[attr-defined]
+                        "env://", environment.global_rank, environment.world_size, timeout=timeout
+                    )
+                )
+                # A group made again in this process (a second launch, or a
+                # set-up after a teardown under torchrun) meets the same
+                # store: a fresh prefix keeps it from reading the last one's keys.
                 dist.init_process_group(
                     backend,
-                    rank=environment.global_rank,
-                    world_size=environment.world_size,
-                    timeout=datetime.timedelta(seconds=self.timeout),
+                    store=dist.PrefixStore(f"phalanx/{next(_SETUPS)}", store),  # type: ignore[attr-defined]
+                    rank=rank,
+                    world_size=size,
+                    timeout=timeout,
                 )
             except RuntimeError as exc:
                 raise self._translate(exc, "setup") from exc
