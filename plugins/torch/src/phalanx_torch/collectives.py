@@ -224,7 +224,7 @@ class TorchCollective(Collective):
         timeout: seconds an operation may take (the process group's timeout,
             for groups this collective makes).
 
-    :meth:`setup` makes the default process group from the environment
+    ``setup()`` makes the default process group from the environment
     (``env://``: ``MASTER_ADDR`` / ``MASTER_PORT`` from the environment's
     main address and port) — or adopts the one the user already made, which
     it then never destroys. Each operation is one torch.distributed call:

@@ -88,7 +88,7 @@ class InProcessLauncher(Launcher):
     Under torch elastic (``TORCHELASTIC_ERROR_FILE`` set: torchrun, or the
     ``subprocess`` launcher) an exception of ``fn`` is also written to the
     rank's error file, where the launching process reads the traceback.
-    Under the ``subprocess`` launcher (:data:`RESULTS_DIR_VAR` set) the
+    Under the ``subprocess`` launcher (``PHALANX_RESULTS_DIR`` set) the
     result is also pickled to ``<dir>/<RANK>.pkl`` for the launching process:
     the result of this process's launch with the same number as the launch
     that started it (the re-run script launches in the same order).
@@ -499,7 +499,7 @@ class SubprocessLauncher(Launcher):
     ``launch`` once per script.
 
     Return values cross by pickling (they must be picklable): each rank
-    leaves its value in a temporary folder (:data:`RESULTS_DIR_VAR`), and
+    leaves its value in a temporary folder (``PHALANX_RESULTS_DIR``), and
     ``launch`` returns a list of ``world_size`` values indexed by global
     rank. On several nodes each node's launching process has only its own
     node's values: the entries of the other nodes' ranks are ``None``.
