@@ -1,0 +1,382 @@
+"""The ``subprocess`` launcher: the script re-run under torch.distributed.elastic.
+
+Imports no torch at import time; see :mod:`phalanx_torch.launchers`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
+
+if TYPE_CHECKING:
+    from phalanx_core import ClusterEnvironment
+
+from ._ranks import (
+    _LAUNCH_INDEX_VAR,
+    _LAUNCHER_PID_VAR,
+    _LAUNCHES,
+    RESULTS_DIR_VAR,
+    STOP_GRACE,
+    T,
+    _check_count,
+    _Failure,
+    _run_here,
+    _worker_failed,
+)
+
+__all__ = ["SubprocessLauncher"]
+
+
+class SubprocessLauncher(Launcher):
+    """Re-runs this process's script once per local rank under
+    ``torch.distributed.elastic`` (its agent, rendezvous and error files),
+    like ``torchrun``, and waits for the ranks.
+
+    The command is ``sys.executable`` with this interpreter's options (from
+    ``sys.orig_argv``), then the script (``__main__.__file__``) or ``-m
+    module`` (``__main__.__spec__``), then ``sys.argv[1:]``. In each rank the
+    script runs again from the top: there torch elastic's variables are set,
+    the registry chooses the ``in_process`` launcher, and ``launch`` runs
+    ``fn`` in the rank (this class does the same if it is used there). So
+    the code of the script around ``launch`` runs in every rank too: call
+    ``launch`` once per script.
+
+    Return values cross by pickling (they must be picklable): each rank
+    leaves its value in a temporary folder (``PHALANX_RESULTS_DIR``), and
+    ``launch`` returns a list of ``world_size`` values indexed by global
+    rank. On several nodes each node's launching process has only its own
+    node's values: the entries of the other nodes' ranks are ``None``.
+
+    Options:
+        node_rank: this node's rank; default the environment's
+            ``node_rank`` (``NODE_RANK``), else 0.
+        max_restarts: how many times elastic restarts the ranks of this node
+            after a failure before ``launch`` raises (default 0).
+        monitor_interval: seconds between elastic's checks of the ranks.
+        rendezvous_timeout: seconds to wait for every node to join.
+
+    One node (like ``torchrun --standalone``): a rendezvous of this module
+    that gives every round, the first and each restart, a new TCPStore on
+    ``127.0.0.1`` on a port the kernel gives; the agent keeps it and the
+    ranks join it as clients. Several nodes: elastic's static rendezvous at
+    the environment's ``main_address``/``main_port`` (``MASTER_ADDR`` /
+    ``MASTER_PORT``), which node 0 hosts; start the same script on every
+    node with its ``NODE_RANK``. A failure stops this node's ranks; the
+    other nodes learn of it when their collectives fail or time out.
+    """
+
+    is_interactive_compatible: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        environment: ClusterEnvironment | None = None,
+        num_processes: int = 1,
+        num_nodes: int = 1,
+        node_rank: int | None = None,
+        max_restarts: int = 0,
+        monitor_interval: float = 0.1,
+        rendezvous_timeout: float = 900.0,
+    ) -> None:
+        super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
+        _check_count("subprocess", "num_processes", num_processes)
+        _check_count("subprocess", "num_nodes", num_nodes)
+        if node_rank is None:
+            node_rank = (
+                environment.node_rank if environment is not None else int(os.environ.get("NODE_RANK", 0))
+            )
+        if not isinstance(node_rank, int) or isinstance(node_rank, bool) or not 0 <= node_rank < num_nodes:
+            raise MisconfigurationError(
+                f"launcher 'subprocess': node_rank={node_rank!r} is not a node of num_nodes={num_nodes} "
+                f"(0 .. {num_nodes - 1}); set NODE_RANK on each node, or pass node_rank="
+            )
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise MisconfigurationError(
+                f"launcher 'subprocess': max_restarts={max_restarts!r}; expected an int of at least 0"
+            )
+        if max_restarts and num_nodes > 1:
+            raise MisconfigurationError(
+                f"launcher 'subprocess': max_restarts={max_restarts} with num_nodes={num_nodes}: a "
+                "restart would start this node's ranks again while the other nodes' ranks go on, "
+                "in a world that no longer exists; restart whole jobs with the scheduler instead "
+                "(max_restarts=0), or use max_restarts on one node"
+            )
+        for name, value in (
+            ("monitor_interval", monitor_interval),
+            ("rendezvous_timeout", rendezvous_timeout),
+        ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise MisconfigurationError(
+                    f"launcher 'subprocess': {name}={value!r}; expected a number of seconds above 0"
+                )
+        self.node_rank = node_rank
+        self.max_restarts = max_restarts
+        self.monitor_interval = float(monitor_interval)
+        self.rendezvous_timeout = float(rendezvous_timeout)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_nodes
+
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+        index = next(_LAUNCHES)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            # This is a rank already (the script re-run, or torchrun): run here.
+            return [_run_here(index, fn, args, kwargs)]
+        command = _script_command()
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        with tempfile.TemporaryDirectory(prefix="phalanx-launch-") as tmp:
+            results = Path(tmp, "results")
+            results.mkdir()
+            config = LaunchConfig(
+                min_nodes=self.num_nodes,
+                max_nodes=self.num_nodes,
+                nproc_per_node=self.num_processes,
+                role="phalanx",
+                max_restarts=self.max_restarts,
+                monitor_interval=self.monitor_interval,
+                start_method="spawn",
+                logs_specs=DefaultLogsSpecs(log_dir=str(Path(tmp, "logs"))),
+                shutdown_timeout=STOP_GRACE,
+                **self._rendezvous(),
+            )
+            variables = {
+                RESULTS_DIR_VAR: str(results),
+                _LAUNCH_INDEX_VAR: str(index),
+                _LAUNCHER_PID_VAR: str(os.getpid()),
+                "NODE_RANK": str(self.node_rank),
+            }
+            with _variables(variables), _signal_handlers_kept():
+                try:
+                    elastic_launch(config, sys.executable)(*command)
+                except ChildFailedError as exc:
+                    raise _from_child_failed(exc, self.world_size, self.num_nodes) from exc
+                except SignalException as exc:
+                    if exc.sigval == signal.SIGINT:
+                        raise KeyboardInterrupt from exc
+                    raise
+            return self._results(results, index)
+
+    def _rendezvous(self) -> dict[str, Any]:
+        timeout = int(self.rendezvous_timeout)
+        if self.num_nodes == 1:
+            return {
+                "run_id": f"phalanx-{uuid.uuid4().hex}",
+                "rdzv_backend": _register_one_node_rendezvous(),
+                "rdzv_configs": {"timeout": timeout},
+                "local_addr": "127.0.0.1",
+            }
+        if self.environment is not None:
+            address, port = self.environment.main_address, self.environment.main_port
+        else:
+            address, port = (
+                os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                int(os.environ.get("MASTER_PORT", 29500)),
+            )
+        return {
+            "run_id": f"phalanx-{address}:{port}",  # the same on every node
+            "rdzv_backend": "static",
+            "rdzv_endpoint": f"{address}:{port}",
+            "rdzv_configs": {"rank": self.node_rank, "timeout": timeout},
+        }
+
+    def _results(self, folder: Path, index: int) -> list[Any]:
+        values: list[Any] = [None] * self.world_size
+        first = self.node_rank * self.num_processes
+        for rank in range(first, first + self.num_processes):
+            path = folder / f"{rank}.pkl"
+            if not path.exists():
+                raise WorkerFailedError(
+                    f"rank {rank} of {self.world_size} (launcher 'subprocess') exited with code 0 "
+                    f"but left no result for this launch (the script's launch number {index}): the "
+                    "re-run script made fewer launches in the rank than here. Make the script call "
+                    "launch the same way on every rank, once (not only under `if RANK == 0`)",
+                    rank=rank,
+                    exitcode=0,
+                )
+            values[rank] = pickle.loads(path.read_bytes())
+        return values
+
+
+_ONE_NODE = "phalanx-one-node"
+
+
+def _register_one_node_rendezvous() -> str:
+    """Register (once) elastic's rendezvous for one node and return its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(_ONE_NODE, _create_one_node_rendezvous)
+    return _ONE_NODE
+
+
+def _create_one_node_rendezvous(params: Any) -> Any:
+    return _one_node_rendezvous_class()(params.run_id, int(params.config.get("timeout", 900)))
+
+
+@functools.cache
+def _one_node_rendezvous_class() -> type:
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousStoreInfo,
+    )
+
+    class OneNodeRendezvous(RendezvousHandler):
+        """One node (``torchrun --standalone``): every round, the first and
+        each restart, gets a new TCPStore on a port the kernel gives, which
+        the agent keeps and the ranks join as clients. A new store per round
+        means a restarted rank never reads the keys of the attempt before
+        (torch 2.13's c10d rendezvous keeps one store across restarts, and
+        restarted ranks then connect to the dead ranks' addresses)."""
+
+        def __init__(self, run_id: str, timeout: int) -> None:
+            self._run_id = run_id
+            self._timeout = datetime.timedelta(seconds=timeout)
+            self._store: Any = None
+            self._round = 0
+            self._closed = False
+
+        def get_backend(self) -> str:
+            return _ONE_NODE
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self) -> Any:
+            self._store = None  # the ranks of the round before are stopped
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=self._timeout
+            )
+            self._round += 1
+            prefixed = dist.PrefixStore(f"{self._run_id}/{self._round}", self._store)  # type: ignore[attr-defined]
+            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo("127.0.0.1", self._store.port))
+
+        def is_closed(self) -> bool:
+            return self._closed
+
+        def set_closed(self) -> None:
+            self._closed = True
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self._run_id
+
+        def shutdown(self) -> bool:
+            self._store = None
+            return True
+
+    return OneNodeRendezvous
+
+
+def _script_command() -> list[str]:
+    """The arguments after ``sys.executable`` that re-run this process's script."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    file = getattr(main, "__file__", None)
+    if spec is not None and spec.name != "__main__":  # python -m module
+        name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        target = ["-m", name]
+    elif file and sys.argv and sys.argv[0] not in ("", "-c"):
+        # A script (__file__ is absolute), or a folder / zip run as a script.
+        target = [os.path.abspath(sys.argv[0]) if spec is not None else file]
+    else:
+        raise MisconfigurationError(
+            "launcher 'subprocess' re-runs this process's script once per rank, but this process "
+            f"did not start from a script (sys.argv[0] is {sys.argv[0] if sys.argv else ''!r}: "
+            "python -c, a notebook or a REPL). Run it as `python script.py` or `python -m module`, "
+            "or use launcher='spawn' or launcher='fork' (strategies ddp_spawn, ddp_notebook)"
+        )
+    return [*_interpreter_options(len(target)), *target, *sys.argv[1:]]
+
+
+def _interpreter_options(target_length: int) -> list[str]:
+    """This interpreter's own options (``-u``, ``-X dev``, ``-W error``): what
+    ``sys.orig_argv`` holds before the script or ``-m module``; none where
+    that cannot be told apart (``-um module``, or a changed ``sys.argv``)."""
+    orig = list(getattr(sys, "orig_argv", ()))
+    user = sys.argv[1:]
+    if len(orig) < 1 + target_length + len(user) or orig[len(orig) - len(user) :] != user:
+        return []
+    head = orig[1 : len(orig) - len(user)]
+    if target_length == 2 and head[-2:-1] != ["-m"]:
+        return []
+    return head[:-target_length]
+
+
+@contextlib.contextmanager
+def _variables(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables (which the ranks inherit) for a launch;
+    restore them, and the one elastic sets, afterwards."""
+    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Elastic's agent replaces the handlers of SIGTERM, SIGINT, SIGHUP and
+    SIGQUIT to stop the ranks; put this process's own back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
+    saved = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _from_child_failed(exc: Any, world_size: int, num_nodes: int) -> WorkerFailedError:
+    """Elastic's ChildFailedError as WorkerFailedError, for the rank that
+    failed first (elastic orders by whole seconds; the error file's time of
+    writing, where there is one, is finer)."""
+    failures = []
+    for rank, failure in exc.failures.items():
+        traceback_text: str | None = None
+        when = float(failure.timestamp)
+        message = failure.error_file_data.get("message")
+        if isinstance(message, dict):
+            traceback_text = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
+        elif isinstance(message, str) and message != "<NONE>":
+            traceback_text = message
+        with contextlib.suppress(OSError):
+            when = os.stat(failure.error_file).st_mtime
+        failures.append(_Failure(int(rank), failure.exitcode, traceback_text, when))
+    stopped = "Every other rank was stopped"
+    if num_nodes > 1:
+        stopped = (
+            "Every other rank of this node was stopped; the other nodes' ranks stop when their "
+            "collectives fail or time out"
+        )
+    return _worker_failed("subprocess", min(failures, key=_Failure.order), world_size, stopped)
