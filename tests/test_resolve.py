@@ -217,3 +217,35 @@ def test_default_registry_and_module_level_resolve():
     strategy = phalanx.resolve("single_device", accelerator="cpu")
     assert phalanx.default_registry() is phalanx.default_registry()
     assert strategy.world_size == 1
+
+
+@pytest.fixture
+def elastic_rank(monkeypatch):
+    """The variables torchrun (or the subprocess launcher) gives a rank."""
+    values = {
+        "TORCHELASTIC_RUN_ID": "r1",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511",
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_named_subprocess_launcher_runs_in_its_own_ranks(registry, elastic_rank):
+    plan = registry.plan("ddp", accelerator="cpu", devices=2, launcher="subprocess")
+    assert plan.environment.name == "torchelastic"
+    assert plan.launcher.name == "subprocess"
+    assert plan.launcher.reason == "asked for; it runs fn in the processes 'torchelastic' already started"
+    assert registry.plan("ddp", accelerator="cpu", devices=2).launcher.name == "in_process"
+
+
+def test_a_launcher_that_would_start_more_processes_is_refused(registry, elastic_rank):
+    with pytest.raises(
+        MisconfigurationError, match=r"launcher='spawn' creates processes, but environment 'torchelastic'"
+    ):
+        registry.plan("ddp", accelerator="cpu", devices=2, launcher="spawn")

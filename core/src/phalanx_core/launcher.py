@@ -62,6 +62,16 @@ class Launcher(ABC):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
 
+    @classmethod
+    def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
+        """Whether this launcher can be used where ``environment`` (a class
+        whose ``creates_processes_externally`` is true) already started one
+        process per rank, by running ``fn`` in place. The registry refuses
+        a launcher named by the user there unless this says yes. The default:
+        only a launcher that creates no processes. A launcher that re-runs
+        the script says yes inside its own ranks, where it runs there."""
+        return not cls.creates_processes
+
     @abstractmethod
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the list of

@@ -174,6 +174,13 @@ def _detect_environment(registry: Registry) -> Choice:
     )
 
 
+def _qualified(choice: Choice) -> str:
+    """The name that finds exactly this choice's entry again."""
+    if choice.provider is not None and choice.provider.distribution:
+        return f"{choice.provider.distribution}:{choice.name}"
+    return choice.name
+
+
 def _launcher_spec(choice: Choice) -> LauncherSpec | None:
     return choice.spec if isinstance(choice.spec, LauncherSpec) else None
 
@@ -181,20 +188,35 @@ def _launcher_spec(choice: Choice) -> LauncherSpec | None:
 def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Choice) -> Choice:
     env_class = type(environment.instance) if environment.instance is not None else None
     if env_class is None and environment.spec is not None:
-        env_class = registry.get(Kind.ENVIRONMENT, environment.name).load()
+        env_class = registry.get(Kind.ENVIRONMENT, _qualified(environment)).load()
     external = bool(getattr(env_class, "creates_processes_externally", False))
     if flag is not None:
         choice = _named(registry, Kind.LAUNCHER, flag, "asked for")
-        creates = getattr(choice.instance, "creates_processes", None) if choice.instance else None
-        spec = _launcher_spec(choice)
-        creates = spec.creates_processes if spec else creates
-        if external and creates:
-            raise MisconfigurationError(
-                f"launcher={choice.name!r} creates processes, but environment "
-                f"{environment.name!r} already started one process per rank; drop launcher= (the "
-                "processes that exist are used), or pass environment='local' to start them yourself"
-            )
-        return choice
+        if not external or env_class is None:
+            return choice
+        launcher_class = (
+            type(choice.instance)
+            if choice.instance is not None
+            else registry.get(Kind.LAUNCHER, _qualified(choice)).load()
+        )
+        if launcher_class.runs_in_existing_processes(env_class):
+            if launcher_class.creates_processes:
+                reason = f"asked for; it runs fn in the processes {environment.name!r} already started"
+                return Choice(
+                    choice.kind,
+                    choice.name,
+                    reason,
+                    choice.spec,
+                    choice.provider,
+                    choice.instance,
+                    choice.options,
+                )
+            return choice
+        raise MisconfigurationError(
+            f"launcher={choice.name!r} creates processes, but environment "
+            f"{environment.name!r} already started one process per rank; drop launcher= (the "
+            "processes that exist are used), or pass environment='local' to start them yourself"
+        )
     entry = registry.get(Kind.LAUNCHER, default)
     if external and isinstance(entry.spec, LauncherSpec) and entry.spec.creates_processes:
         passive = sorted(

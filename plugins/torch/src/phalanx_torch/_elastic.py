@@ -129,6 +129,13 @@ class SubprocessLauncher(Launcher):
     def world_size(self) -> int:
         return self.num_processes * self.num_nodes
 
+    @classmethod
+    def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
+        """Yes inside a torch elastic rank (``TORCHELASTIC_RUN_ID`` set: this
+        launcher's own re-run of the script, or torchrun's), where
+        :meth:`launch` runs ``fn`` in place; no under any other scheduler."""
+        return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         index = next(_LAUNCHES)
         if os.environ.get("TORCHELASTIC_RUN_ID"):
