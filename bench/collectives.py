@@ -71,18 +71,40 @@ def _per_call_rank(rank: int, port: int, iters: int, repeat: int, queue) -> None
             for _ in range(3):
                 fn(t)
         times: dict[str, list[float]] = {"plain": [], "phalanx": []}
-        for _ in range(repeat):
-            for key, fn in (("plain", plain), ("phalanx", ours)):
+        for block in range(repeat):
+            pairs = (("plain", plain), ("phalanx", ours))
+            for key, fn in pairs if block % 2 == 0 else pairs[::-1]:  # ABBA: no order bias
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(n):
                     fn(t)
                 times[key].append((time.perf_counter() - start) / n)
-        results[name] = {k: statistics.median(v) for k, v in times.items()}
+        results[name] = {
+            **{k: statistics.median(v) for k, v in times.items()},
+            **{f"{k}_min": min(v) for k, v in times.items()},
+        }
     if rank == 0:
         queue.put(results)
     coll.teardown()
     dist.destroy_process_group()
+
+
+def added_python_work(number: int = 200_000) -> float:
+    """Microseconds of Python the torch collective adds to an all_reduce call
+    (op lookup, dtype checks, result handling), without the torch call:
+    machine noise does not reach this figure."""
+    import timeit
+
+    from phalanx_torch.collectives import TorchCollective
+
+    coll = TorchCollective()
+    coll._world_size, coll._rank, coll._global_ranks = 2, 0, (0, 1)
+    t = torch.ones(1)
+    base = timeit.timeit(lambda: None, number=number)
+    work = timeit.timeit(
+        lambda: coll._done(None, *coll._reduce(t, "sum")[1:2], False, "all_reduce"), number=number
+    )
+    return (work - base) / number * 1e6
 
 
 def per_call(iters: int, repeat: int) -> dict[str, dict[str, float]]:
@@ -184,17 +206,23 @@ def main() -> None:
     calls = per_call(args.iters, args.repeat)
     launches = launch_times(args.launch_repeat)
     crashes = crash_times(args.crash_repeat)
-    report = {"per_call": calls, "launch": launches, "crash_to_error_s": crashes}
+    added = added_python_work()
+    report = {"per_call": calls, "added_python_us": added, "launch": launches, "crash_to_error_s": crashes}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"torch {torch.__version__}, gloo, 2 ranks, {os.cpu_count()} cpus")
-    print(f"{'per call':<22} {'plain us':>10} {'phalanx us':>11} {'ratio':>7}")
+    print("blocks interleaved ABBA; ratios of the medians of the blocks (best: of the fastest blocks)")
+    print(f"{'per call':<22} {'plain us':>10} {'phalanx us':>11} {'median ratio':>13} {'best ratio':>11}")
     worst = 0.0
     for name, t in calls.items():
         ratio = t["phalanx"] / t["plain"]
+        best = t["phalanx_min"] / t["plain_min"]
         worst = max(worst, ratio)
-        print(f"{name:<22} {t['plain'] * 1e6:>10.1f} {t['phalanx'] * 1e6:>11.1f} {ratio:>7.3f}")
+        print(
+            f"{name:<22} {t['plain'] * 1e6:>10.1f} {t['phalanx'] * 1e6:>11.1f} {ratio:>13.3f} {best:>11.3f}"
+        )
+    print(f"Python work phalanx adds to a call, measured alone: {added:.2f} us")
     launch_ratio = launches["phalanx"] / launches["plain"]
     print(
         f"\nlaunch to first all_reduce: plain {launches['plain']:.3f} s, "
@@ -203,7 +231,7 @@ def main() -> None:
     for launcher, seconds in crashes.items():
         print(f"crash to error ({launcher}): {seconds:.2f} s")
     print("\nverdict:")
-    print(f"  [{'PASS' if worst <= 1.05 else 'FAIL'}] worst per-call ratio {worst:.3f} (goal <= 1.05)")
+    print(f"  [{'PASS' if worst <= 1.05 else 'FAIL'}] worst per-call median ratio {worst:.3f} (goal <= 1.05)")
     print(f"  [{'PASS' if launch_ratio <= 1.05 else 'FAIL'}] launch ratio {launch_ratio:.3f} (goal <= 1.05)")
     slowest = max(crashes.values())
     print(f"  [{'PASS' if slowest < 5 else 'FAIL'}] slowest crash to error {slowest:.2f} s (goal < 5 s)")
