@@ -125,12 +125,20 @@ OPERATIONS: tuple[str, ...] = (
 )
 
 
-def check_reduce_op(op: str, allowed: Sequence[str] = REDUCE_OPS, *, collective: str = "") -> str:
-    """Return ``op`` lower-cased if it is one of ``allowed``; raise
-    :class:`MisconfigurationError` listing them otherwise."""
+def check_reduce_op(
+    op: str, allowed: Sequence[str] = REDUCE_OPS, *, collective: str = "", is_bool: bool = False
+) -> str:
+    """Return ``op`` lower-cased if it is one of ``allowed`` (and, for a bool
+    tensor, ``"min"`` or ``"max"``); raise :class:`MisconfigurationError`
+    saying what is allowed otherwise."""
     if isinstance(op, str):
         name = op.lower()
         if name in allowed:
+            if is_bool and name not in ("min", "max"):
+                raise MisconfigurationError(
+                    f"op={op!r} on a bool tensor: only 'min' (logical and) and 'max' (logical or) "
+                    "are defined for bool tensors; convert to an integer dtype for counting"
+                )
             return name
     who = f" for the {collective!r} collective" if collective else ""
     raise MisconfigurationError(

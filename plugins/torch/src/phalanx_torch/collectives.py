@@ -28,8 +28,6 @@ from phalanx_core.accelerator import Accelerator
 
 __all__ = ["SingleDeviceCollective", "TorchCollective"]
 
-_BOOL_OPS = ("min", "max")
-
 
 class SingleDeviceCollective(Collective):
     """A world of one process. Every operation meets the contract locally:
@@ -72,12 +70,7 @@ class SingleDeviceCollective(Collective):
         return CompletedWork(result) if async_op else result
 
     def _op(self, tensor: torch.Tensor, op: str) -> None:
-        name = check_reduce_op(op, self.reduce_ops, collective=self.name)
-        if tensor.dtype is torch.bool and name not in _BOOL_OPS:
-            raise MisconfigurationError(
-                f"op={op!r} on a bool tensor: only 'min' (logical and) and 'max' (logical or) are "
-                "defined for bool tensors; convert to an integer dtype for counting"
-            )
+        check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=tensor.dtype is torch.bool)
 
     def barrier(self, *, async_op: bool = False) -> Work | None:
         return CompletedWork() if async_op else None
@@ -379,13 +372,9 @@ class TorchCollective(Collective):
 
     def _reduce(self, tensor: torch.Tensor, op: str) -> tuple[Any, torch.Tensor, Callable[[], object] | None]:
         """The ReduceOp, the tensor torch reduces, and what to do after."""
-        name = check_reduce_op(op, self.reduce_ops, collective=self.name)
-        if tensor.dtype is torch.bool:
-            if name not in _BOOL_OPS:
-                raise MisconfigurationError(
-                    f"op={op!r} on a bool tensor: only 'min' (logical and) and 'max' (logical or) are "
-                    "defined for bool tensors; convert to an integer dtype for counting"
-                )
+        is_bool = tensor.dtype is torch.bool
+        name = check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=is_bool)
+        if is_bool:
             return _REDUCE_OPS[name], tensor.view(torch.uint8), None
         if name != "mean":
             return _REDUCE_OPS[name], tensor, None
