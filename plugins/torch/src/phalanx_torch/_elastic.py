@@ -133,7 +133,7 @@ class SubprocessLauncher(Launcher):
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
         """Yes inside a torch elastic rank (``TORCHELASTIC_RUN_ID`` set: this
         launcher's own re-run of the script, or torchrun's), where
-        :meth:`launch` runs ``fn`` in place; no under any other scheduler."""
+        ``launch()`` runs ``fn`` in place; no under any other scheduler."""
         return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
