@@ -86,7 +86,7 @@ def test_instances_are_used_as_given(registry):
     ("kind", "flags"),
     [
         ("strategy", {"strategy": "dpp"}),
-        ("accelerator", {"accelerator": "gpu"}),
+        ("accelerator", {"accelerator": "quantum"}),
         ("precision", {"precision": "bf17-mixed"}),
         ("collective", {"collective": "nccl2"}),
         ("launcher", {"launcher": "rocket"}),

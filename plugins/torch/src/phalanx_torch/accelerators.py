@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+from typing import Any, ClassVar
 
 import torch
 
-from phalanx_core import Accelerator, Availability, MisconfigurationError
+from phalanx_core import Accelerator, Availability, MisconfigurationError, UnavailableError
 from phalanx_core.accelerator import DevicesFlag
 
-__all__ = ["CPUAccelerator"]
+__all__ = ["CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
 
 
 class CPUAccelerator(Accelerator):
@@ -41,3 +42,81 @@ class CPUAccelerator(Accelerator):
             f"accelerator='cpu' with devices={devices!r}: on the CPU, devices is the number of "
             "processes (an int of at least 1, or 'auto'); device indices mean nothing there"
         )
+
+
+class CUDAAccelerator(Accelerator):
+    """NVIDIA GPUs through ``torch.cuda``; collectives default to ``nccl``.
+
+    ``devices`` picks GPUs by count (``2``: the first two), index list
+    (``[0, 3]``, ``"0,3"``), or all of them (``-1``, ``"auto"``). Refused
+    in its constructor where there is no usable GPU, with the reason.
+    """
+
+    name: ClassVar[str] = "cuda"
+    collective_backend: ClassVar[str | None] = "nccl"
+
+    def __init__(self) -> None:
+        availability = self.availability()
+        if not availability:
+            raise UnavailableError(f"accelerator 'cuda' cannot be used here: {availability.reason}")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if torch.version.cuda is None:
+            return Availability(
+                False,
+                f"this torch build ({torch.__version__}) has no CUDA support; install a CUDA build of "
+                "torch, or use accelerator='cpu'",
+            )
+        if not torch.cuda.is_available():
+            return Availability(
+                False,
+                f"no CUDA device is visible (torch {torch.__version__}, CUDA {torch.version.cuda}; "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!s}); check "
+                "the driver with nvidia-smi, or use accelerator='cpu'",
+            )
+        return Availability(True)
+
+    @classmethod
+    def device_count(cls) -> int:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def get_device(self, index: int) -> torch.device:
+        return torch.device("cuda", index)
+
+    def setup_device(self, device: Any) -> None:
+        torch.cuda.set_device(device)
+
+    def teardown(self) -> None:
+        torch.cuda.empty_cache()
+
+
+class MPSAccelerator(Accelerator):
+    """Apple silicon GPUs through ``torch.backends.mps``: one device; the
+    collectives default to ``gloo``. Refused in its constructor where MPS is
+    not available, with the reason."""
+
+    name: ClassVar[str] = "mps"
+    collective_backend: ClassVar[str | None] = "gloo"
+
+    def __init__(self) -> None:
+        availability = self.availability()
+        if not availability:
+            raise UnavailableError(f"accelerator 'mps' cannot be used here: {availability.reason}")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if not torch.backends.mps.is_built():
+            return Availability(
+                False, f"this torch build ({torch.__version__}) has no MPS support (macOS only)"
+            )
+        if not torch.backends.mps.is_available():
+            return Availability(False, "MPS is built but not available (needs macOS 12.3+ on Apple silicon)")
+        return Availability(True)
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 1 if torch.backends.mps.is_available() else 0
+
+    def get_device(self, index: int) -> torch.device:
+        return torch.device("mps", index)

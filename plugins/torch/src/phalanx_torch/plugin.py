@@ -25,6 +25,23 @@ _NEEDS = ("torch",)
 def phalanx_accelerators() -> list[AcceleratorSpec]:
     return [
         AcceleratorSpec(
+            name="cuda",
+            target=f"{_PKG}.accelerators:CUDAAccelerator",
+            summary="NVIDIA GPUs (torch.cuda); collectives default to nccl",
+            priority=20,
+            aliases=("gpu",),
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        AcceleratorSpec(
+            name="mps",
+            target=f"{_PKG}.accelerators:MPSAccelerator",
+            summary="Apple silicon GPUs (torch.backends.mps)",
+            priority=10,
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        AcceleratorSpec(
             name="cpu",
             target=f"{_PKG}.accelerators:CPUAccelerator",
             summary="the CPU; devices=N runs N processes on it",
@@ -115,7 +132,25 @@ def phalanx_collectives() -> list[CollectiveSpec]:
 
 @hookimpl
 def phalanx_precisions() -> list[PrecisionSpec]:
+    table = (
+        ("64-true", "DoublePrecision", "float64 weights, inputs and compute", ("64",)),
+        ("bf16-mixed", "MixedPrecision", "float32 weights, bfloat16 autocast", ("bf16",)),
+        ("16-mixed", "MixedPrecision16", "float32 weights, float16 autocast and a grad scaler", ("16",)),
+        ("bf16-true", "HalfPrecision", "bfloat16 weights, inputs and compute", ()),
+        ("16-true", "HalfPrecision16", "float16 weights, inputs and compute", ()),
+    )
     return [
+        *(
+            PrecisionSpec(
+                name=name,
+                target=f"{_PKG}.precisions:{cls}",
+                summary=summary,
+                aliases=aliases,
+                needs=_NEEDS,
+                install=_INSTALL,
+            )
+            for name, cls, summary, aliases in table
+        ),
         PrecisionSpec(
             name="32-true",
             target=f"{_PKG}.precisions:FullPrecision",
