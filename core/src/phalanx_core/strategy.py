@@ -165,6 +165,26 @@ class Strategy:
         to :attr:`root_device`, converted by the precision."""
         return self.precision.convert_input(_to_device(batch, self.root_device))
 
+    def setup_dataloader(
+        self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> Any:
+        """Prepare a ``torch.utils.data.DataLoader`` for this rank.
+
+        With more than one rank and ``use_distributed_sampler``, the loader
+        is rebuilt with a ``DistributedSampler`` so that each rank reads its
+        own share of the dataset (shuffled if the original loader shuffled,
+        with the same seed on every rank; call ``loader.set_epoch(epoch)``
+        each epoch for a new order). With ``move_to_device``, every batch is
+        moved to :attr:`root_device` (:meth:`batch_to_device`). A loader with
+        its own ``batch_sampler`` cannot get a sampler injected: it is refused
+        with what to do, unless ``use_distributed_sampler=False``.
+        """
+        from ._data import distribute_loader
+
+        return distribute_loader(
+            self, dataloader, use_distributed_sampler=use_distributed_sampler, move_to_device=move_to_device
+        )
+
     def teardown(self) -> None:
         """Leave the group and release what setting up took."""
         self.collective.teardown()
