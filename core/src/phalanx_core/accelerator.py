@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .errors import MisconfigurationError
+from .errors import MisconfigurationError, UnavailableError
 
 __all__ = ["Accelerator", "Availability", "DevicesFlag", "parse_device_indices"]
 
@@ -109,6 +109,16 @@ class Accelerator(ABC):
     def is_available(cls) -> bool:
         """``bool(cls.availability())``."""
         return cls.availability().available
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise :class:`~phalanx_core.UnavailableError` with the reason
+        when this accelerator cannot be used here. A hardware accelerator
+        calls it in its constructor, so that naming it where it is missing
+        fails when the strategy is built, never later."""
+        availability = cls.availability()
+        if not availability:
+            raise UnavailableError(f"accelerator {cls.name!r} cannot be used here: {availability.reason}")
 
     @classmethod
     @abstractmethod

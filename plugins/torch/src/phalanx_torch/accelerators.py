@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from phalanx_core import Accelerator, Availability, MisconfigurationError, UnavailableError
+from phalanx_core import Accelerator, Availability, MisconfigurationError
 from phalanx_core.accelerator import DevicesFlag
 
 __all__ = ["CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
@@ -56,9 +56,7 @@ class CUDAAccelerator(Accelerator):
     collective_backend: ClassVar[str | None] = "nccl"
 
     def __init__(self) -> None:
-        availability = self.availability()
-        if not availability:
-            raise UnavailableError(f"accelerator 'cuda' cannot be used here: {availability.reason}")
+        self.check_available()
 
     @classmethod
     def availability(cls) -> Availability:
@@ -100,9 +98,7 @@ class MPSAccelerator(Accelerator):
     collective_backend: ClassVar[str | None] = "gloo"
 
     def __init__(self) -> None:
-        availability = self.availability()
-        if not availability:
-            raise UnavailableError(f"accelerator 'mps' cannot be used here: {availability.reason}")
+        self.check_available()
 
     @classmethod
     def availability(cls) -> Availability:
