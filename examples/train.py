@@ -1,6 +1,8 @@
 """Train a small regression model under a named phalanx strategy.
 
     python examples/train.py --strategy single_device --accelerator cpu --steps 50
+    python examples/train.py --strategy ddp_spawn --devices 2
+    phalanx run --strategy ddp --devices 2 examples/train.py --steps 50
 
 Prints the loss at the start and at the end of training on rank 0.
 """
@@ -46,16 +48,19 @@ def train(strategy, steps: int, lr: float = 0.05) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", default="single_device")
-    parser.add_argument("--accelerator", default="cpu")
-    parser.add_argument("--devices", default="auto")
-    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--strategy", help="a strategy name (default: single_device, or phalanx run's)")
+    parser.add_argument("--accelerator", help="an accelerator name (default: cpu, or phalanx run's)")
+    parser.add_argument("--devices", help="N, -1, 'auto' or '0,2'")
+    parser.add_argument("--precision", help="a precision name (default: 32-true)")
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args(argv)
-    devices = int(args.devices) if args.devices.lstrip("-").isdigit() else args.devices
-    strategy = phalanx.resolve(
-        args.strategy, accelerator=args.accelerator, devices=devices, precision=args.precision
-    )
+    flags = {k: v for k, v in vars(args).items() if k != "steps" and v is not None}
+    if "devices" in flags and flags["devices"].lstrip("-").isdigit():
+        flags["devices"] = int(flags["devices"])
+    if not phalanx.under_run():  # phalanx run's flags are the defaults there
+        flags.setdefault("strategy", "single_device")
+        flags.setdefault("accelerator", "cpu")
+    strategy = phalanx.resolve(**flags)
     return strategy.launch(train, args.steps)
 
 

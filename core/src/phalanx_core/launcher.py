@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
@@ -78,3 +78,22 @@ class Launcher(ABC):
         every rank's result, indexed by global rank (see the class's
         contracts). Raises :class:`~phalanx_core.WorkerFailedError` when a
         rank fails."""
+
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run a Python program as every rank's main program, which is what
+        ``phalanx run`` does: ``command`` is what follows ``python`` (a
+        script's path or ``-m module``, then its arguments).
+
+        A launcher that creates processes starts one per rank, prefixes
+        each output line with its rank where it can, and raises
+        :class:`~phalanx_core.WorkerFailedError` as :meth:`launch` does; one
+        that does not runs the program in this process. The base says that
+        this launcher cannot run programs.
+        """
+        from .errors import UnavailableError
+
+        raise UnavailableError(
+            f"launcher {type(self).__name__} runs functions (launch), not scripts, so `phalanx run` "
+            "cannot use it; choose another launcher with --launcher, or call strategy.launch(fn) "
+            "from your own script"
+        )

@@ -50,6 +50,12 @@ class Precision:
         the base does nothing."""
         yield
 
+    def module_init_context(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which new modules get this precision's parameter
+        dtype (the default dtype of ``"bf16-true"`` is bfloat16); the base
+        changes nothing."""
+        return contextlib.nullcontext()
+
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
         """Run backward from ``tensor`` (scaling it first where a grad scaler
         is needed)."""

@@ -50,6 +50,11 @@ class Strategy:
     collective=..., precision=..., launcher=..., parallel_devices=[...],
     num_nodes=..., **options)``; ``parallel_devices`` holds one device per
     local rank.
+
+    Options every strategy takes: ``deterministic`` (``True`` switches on
+    torch's deterministic algorithms in every rank, ``"warn"`` only warns
+    about the nondeterministic ones) and ``checkpoint_io`` (how checkpoint
+    files are written).
     """
 
     def __init__(
@@ -63,7 +68,15 @@ class Strategy:
         parallel_devices: Sequence[Any] = (),
         num_nodes: int = 1,
         checkpoint_io: CheckpointIO | None = None,
+        deterministic: bool | str = False,
     ) -> None:
+        if not isinstance(deterministic, (bool, str)) or deterministic not in (True, False, "warn"):
+            raise MisconfigurationError(
+                f"deterministic={deterministic!r}: give True (torch's deterministic algorithms, an error "
+                "where an operation has none), 'warn' (a warning instead of the error) or False"
+            )
+        self.deterministic = deterministic
+        self._deterministic_before: tuple[bool, bool] | None = None
         self.accelerator = accelerator
         self.environment = environment
         self.collective = collective
@@ -117,9 +130,24 @@ class Strategy:
         return self.launcher.launch(_run_rank, self, fn, args, kwargs)
 
     def setup_environment(self) -> None:
-        """Prepare this rank: its device, then the collective's group."""
+        """Prepare this rank: deterministic algorithms where asked for, its
+        device, then the collective's group."""
+        if self.deterministic:
+            self._use_deterministic_algorithms()
         self.accelerator.setup_device(self.root_device)
         self.collective.setup(self.environment, self.accelerator)
+
+    def _use_deterministic_algorithms(self) -> None:
+        import torch
+
+        self._deterministic_before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        # cuBLAS is deterministic only with a fixed workspace; torch raises
+        # without this variable once deterministic algorithms are on.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=self.deterministic == "warn")
 
     def setup(self, module: Any, *optimizers: Any) -> Any:
         """Prepare a module and its optimizers for training: precision
@@ -133,11 +161,14 @@ class Strategy:
         module = self.precision.convert_module(module)
         module = self.module_to_device(module)
         module = self.setup_module(module)
-        made = [
-            self.setup_optimizer(opt if hasattr(opt, "step") else _make_optimizer(opt, module))
-            for opt in optimizers
-        ]
+        made = [self.setup_optimizer(opt) for opt in self._make_optimizers(module, optimizers)]
         return (module, *made) if made else module
+
+    @staticmethod
+    def _make_optimizers(module: Any, optimizers: Sequence[Any]) -> list[Any]:
+        """Each of ``optimizers`` as an optimizer: factories are called with
+        ``module``'s parameters."""
+        return [opt if hasattr(opt, "step") else _make_optimizer(opt, module) for opt in optimizers]
 
     def setup_module(self, module: Any) -> Any:
         """Wrap a module already on its device (DDP, FSDP); the base returns
@@ -191,6 +222,12 @@ class Strategy:
         self.precision.teardown()
         self.accelerator.teardown()
         self.environment.teardown()
+        if self._deterministic_before is not None:
+            import torch
+
+            enabled, warn_only = self._deterministic_before
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            self._deterministic_before = None
 
     # -- training steps -----------------------------------------------------
 
@@ -236,12 +273,23 @@ class Strategy:
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def module_init_context(self) -> Generator[None, None, None]:
+    def module_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
         """A context in which modules are created directly on
-        :attr:`root_device`."""
+        :attr:`root_device` (no copy from the CPU), in the precision's
+        dtype where it converts modules.
+
+        With ``empty_init=True`` the ``torch.nn.init`` functions do nothing
+        inside the context, so parameters are left uninitialised: use it when
+        a checkpoint will overwrite them. Strategies that shard override this
+        (``fsdp`` creates modules on the meta device by default).
+        """
         import torch
 
-        with torch.device(self.root_device):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.device(self.root_device))
+            stack.enter_context(self.precision.module_init_context())
+            if empty_init:
+                stack.enter_context(_skip_init())
             yield
 
     # -- checkpoints ---------------------------------------------------------
@@ -379,3 +427,18 @@ def _to_device(batch: Any, device: Any) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+@contextlib.contextmanager
+def _skip_init() -> Generator[None, None, None]:
+    """Make every ``torch.nn.init`` function return its tensor untouched."""
+    from torch.overrides import TorchFunctionMode
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if getattr(func, "__module__", None) == "torch.nn.init":
+                return args[0] if args else kwargs["tensor"]
+            return func(*args, **(kwargs or {}))
+
+    with SkipInit():
+        yield

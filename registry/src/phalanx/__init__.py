@@ -49,6 +49,7 @@ __all__ = [
     "default_registry",
     "plan",
     "resolve",
+    "under_run",
 ]
 
 __version__ = "0.1.0"
@@ -63,6 +64,16 @@ def default_registry() -> Registry:
     if _default is None:
         _default = Registry()
     return _default
+
+
+def under_run() -> bool:
+    """Whether this process runs under ``phalanx run``, whose flags are then
+    the defaults of :func:`resolve`."""
+    import os
+
+    from ._resolve import RUN_FLAGS_VAR
+
+    return bool(os.environ.get(RUN_FLAGS_VAR))
 
 
 def plan(strategy: Any = "auto", **flags: Any) -> Plan:

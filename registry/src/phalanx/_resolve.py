@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,7 @@ from phalanx_core import (
     Collective,
     Launcher,
     MisconfigurationError,
+    PhalanxError,
     PluginError,
     Precision,
     Strategy,
@@ -25,7 +28,26 @@ from ._plan import Choice, Plan
 if TYPE_CHECKING:
     from ._registry import Entry, Registry
 
-__all__ = ["build", "plan"]
+__all__ = ["RUN_FLAGS_VAR", "build", "plan"]
+
+#: The flags ``phalanx run`` was given (JSON), which ``resolve()`` in the
+#: script's ranks takes as its defaults.
+RUN_FLAGS_VAR = "PHALANX_RUN_FLAGS"
+#: Each flag's value when the code does not give it.
+_DEFAULTS: dict[str, Any] = {
+    "strategy": "auto",
+    "accelerator": "auto",
+    "devices": "auto",
+    "num_nodes": 1,
+    "precision": "32-true",
+    "collective": None,
+}
+_KIND_OF = {
+    "strategy": Kind.STRATEGY,
+    "accelerator": Kind.ACCELERATOR,
+    "precision": Kind.PRECISION,
+    "collective": Kind.COLLECTIVE,
+}
 
 #: The interface each kind's instances and targets must have.
 INTERFACES: dict[Kind, type] = {
@@ -101,6 +123,55 @@ def _device_count(devices: Any) -> int | None:
     if isinstance(devices, Sequence) and not isinstance(devices, str):
         return len(devices)
     return None
+
+
+def _same(registry: Registry, flag: str, a: Any, b: Any) -> bool:
+    """Whether two values of a flag mean the same (an alias and its name)."""
+    if flag in _KIND_OF:
+        a, b = (str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in (a, b))
+        if isinstance(a, str) and isinstance(b, str):
+            try:
+                return registry.get(_KIND_OF[flag], a).spec is registry.get(_KIND_OF[flag], b).spec
+            except PhalanxError:
+                return a == b
+    if flag == "devices":
+        a, b = (int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in (a, b))
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return list(a) == list(b)
+    return bool(a == b)
+
+
+def _with_run_flags(registry: Registry, flags: dict[str, Any]) -> dict[str, Any]:
+    """Under ``phalanx run``, its flags fill the flags the code left at
+    their defaults; a flag given both ways with different values is an
+    error that names both."""
+    raw = os.environ.get(RUN_FLAGS_VAR)
+    if not raw:
+        return flags
+    try:
+        given = json.loads(raw)
+    except ValueError as exc:
+        raise MisconfigurationError(
+            f"{RUN_FLAGS_VAR}={raw!r} is not the JSON `phalanx run` writes ({exc}); unset it"
+        ) from exc
+    if isinstance(flags["strategy"], Strategy) and given:
+        shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items())
+        raise MisconfigurationError(
+            f"`phalanx run {shown}` chose the strategy's parts, and the script passes a ready "
+            f"{type(flags['strategy']).__name__} instance to resolve(); call phalanx.resolve() "
+            "without it, or drop the flags from phalanx run"
+        )
+    merged = dict(flags)
+    for name, value in given.items():
+        code = flags.get(name, _DEFAULTS.get(name))
+        if code is None or (name in _DEFAULTS and _same(registry, name, code, _DEFAULTS[name])):
+            merged[name] = value
+        elif not _same(registry, name, code, value):
+            raise MisconfigurationError(
+                f"`phalanx run --{name.replace('_', '-')} {value}` and resolve({name}={code!r}) in the "
+                f"script disagree; give {name} in one place (the command line, or the code)"
+            )
+    return merged
 
 
 # -- step 2: the plan ------------------------------------------------------------
@@ -239,6 +310,7 @@ def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Cho
 def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     """Check the flags, then choose every part; import only what choosing
     needs (accelerator availability for ``"auto"``, environment detection)."""
+    flags = _with_run_flags(registry, flags)
     _check_flags(flags)
     strategy_flag = flags["strategy"]
     if isinstance(strategy_flag, Strategy):

@@ -1,21 +1,25 @@
-"""The ``phalanx`` command line: ``list`` and ``explain``.
+"""The ``phalanx`` command line: ``list``, ``explain`` and ``run``.
 
 Imports no torch: ``list`` reads specs only (``--probe`` imports the
-accelerators to ask the hardware), ``explain`` imports what choosing needs.
+accelerators to ask the hardware), ``explain`` imports what choosing needs;
+``run`` builds the strategy, which imports its backends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from phalanx_core.errors import PhalanxError
+from phalanx_core.errors import PhalanxError, WorkerFailedError
 from phalanx_core.specs import Kind
 
 from ._registry import Entry, Registry
+from ._resolve import RUN_FLAGS_VAR
 
 __all__ = ["main"]
 
@@ -124,6 +128,53 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+#: ``phalanx run``'s flags that become the defaults of ``resolve()`` in the script.
+_RUN_FLAGS = ("strategy", "accelerator", "devices", "num_nodes", "precision", "collective")
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    given = {name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None}
+    for var, value in (
+        ("NODE_RANK", args.node_rank),
+        ("MASTER_ADDR", args.main_address),
+        ("MASTER_PORT", args.main_port),
+    ):
+        if value is not None:
+            os.environ[var] = str(value)
+    # Set before resolving, so that the script's ranks inherit it and
+    # ``phalanx.resolve()`` there gives this strategy.
+    os.environ[RUN_FLAGS_VAR] = json.dumps(given)
+    strategy = Registry().resolve(launcher=args.launcher)
+    command = ["-m", args.script, *args.args] if args.module else [args.script, *args.args]
+    launcher = strategy.launcher
+    if not launcher.creates_processes:
+        try:
+            launcher.run_script(command)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except KeyboardInterrupt:
+            return 130
+        except Exception:  # noqa: BLE001 - the script's own error: its traceback, as python shows it
+            traceback.print_exc()
+            return 1
+        return 0
+    try:
+        launcher.run_script(command)
+    except WorkerFailedError as exc:
+        where = f"the lines above marked [rank{exc.rank}]"
+        if exc.traceback:
+            what = f"rank {exc.rank} raised first; its traceback is in {where}"
+        elif exc.signal:
+            what = f"rank {exc.rank} was killed by {exc.signal} first; its output is in {where}"
+        else:
+            what = f"rank {exc.rank} exited with code {exc.exitcode} first; its output is in {where}"
+        print(f"phalanx run: {what}. The other ranks were stopped.", file=sys.stderr)
+        return exc.exitcode if isinstance(exc.exitcode, int) and exc.exitcode > 0 else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def _version() -> str:
     from . import __version__
 
@@ -157,6 +208,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--environment")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.set_defaults(run=_explain)
+    p = sub.add_parser(
+        "run",
+        help="run a script on every rank of a strategy, like torchrun for every strategy",
+        description="Start the ranks the strategy needs and run SCRIPT in each; inside it, "
+        "phalanx.resolve() with no arguments gives this strategy. Each output line of a rank "
+        "starts with [rankN]:. A flag given here and a different value given to resolve() in "
+        "the script is an error.",
+    )
+    p.add_argument("--strategy", help="a strategy name (default: 'auto')")
+    p.add_argument("--accelerator", help="an accelerator name (default: 'auto')")
+    p.add_argument("--devices", type=_devices, help="devices per node: N, -1, 'auto' or '0,2'")
+    p.add_argument("--num-nodes", type=int, help="the number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
+    p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
+    p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
+    p.add_argument("--precision", help="a precision name (default: '32-true')")
+    p.add_argument("--collective", help="a collective name (default: the strategy's)")
+    p.add_argument("--launcher", help="a launcher name (default: the strategy's)")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as python -m runs it")
+    p.add_argument("script", metavar="SCRIPT")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    p.set_defaults(run=_run)
     return parser
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import pickle
 import signal
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -142,41 +143,70 @@ class SubprocessLauncher(Launcher):
             # This is a rank already (the script re-run, or torchrun): run here.
             return [_run_here(index, fn, args, kwargs)]
         command = _script_command()
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
         with tempfile.TemporaryDirectory(prefix="phalanx-launch-") as tmp:
             results = Path(tmp, "results")
             results.mkdir()
-            config = LaunchConfig(
-                min_nodes=self.num_nodes,
-                max_nodes=self.num_nodes,
-                nproc_per_node=self.num_processes,
-                role="phalanx",
-                max_restarts=self.max_restarts,
-                monitor_interval=self.monitor_interval,
-                start_method="spawn",
-                logs_specs=DefaultLogsSpecs(log_dir=str(Path(tmp, "logs"))),
-                shutdown_timeout=STOP_GRACE,
-                **self._rendezvous(),
-            )
             variables = {
                 RESULTS_DIR_VAR: str(results),
                 _LAUNCH_INDEX_VAR: str(index),
                 _LAUNCHER_PID_VAR: str(os.getpid()),
-                "NODE_RANK": str(self.node_rank),
             }
-            with _variables(variables), _signal_handlers_kept():
-                try:
-                    elastic_launch(config, sys.executable)(*command)
-                except ChildFailedError as exc:
-                    raise _from_child_failed(exc, self.world_size, self.num_nodes) from exc
-                except SignalException as exc:
-                    if exc.sigval == signal.SIGINT:
-                        raise KeyboardInterrupt from exc
-                    raise
+            self._run_elastic(command, variables, Path(tmp, "logs"))
             return self._results(results, index)
+
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run ``python *command`` as every rank's program under torch
+        elastic, each output line prefixed with the rank (``[rank1]: ...``),
+        as ``phalanx run`` does; raise :class:`~phalanx_core.WorkerFailedError`
+        for the rank that failed first."""
+        from .collectives import LINES_PREFIXED_VAR
+
+        # Elastic's agent logs each stop and failure; phalanx run says what
+        # failed once, from the WorkerFailedError.
+        agent_log = logging.getLogger("torch.distributed.elastic")
+        level = agent_log.level
+        agent_log.setLevel(logging.CRITICAL)
+        try:
+            with tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
+                self._run_elastic(
+                    list(command), {LINES_PREFIXED_VAR: "1"}, Path(tmp, "logs"), prefix_lines=True
+                )
+        finally:
+            agent_log.setLevel(level)
+
+    def _run_elastic(
+        self, command: list[str], variables: dict[str, str], logs: Path, *, prefix_lines: bool = False
+    ) -> None:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        config = LaunchConfig(
+            min_nodes=self.num_nodes,
+            max_nodes=self.num_nodes,
+            nproc_per_node=self.num_processes,
+            role="phalanx",
+            max_restarts=self.max_restarts,
+            monitor_interval=self.monitor_interval,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(
+                log_dir=str(logs),
+                redirects=Std.ALL if prefix_lines else Std.NONE,
+                tee=Std.ALL if prefix_lines else Std.NONE,
+            ),
+            log_line_prefix_template="[rank${rank}]: " if prefix_lines else None,
+            shutdown_timeout=STOP_GRACE,
+            **self._rendezvous(),
+        )
+        with _variables({**variables, "NODE_RANK": str(self.node_rank)}), _signal_handlers_kept():
+            try:
+                elastic_launch(config, sys.executable)(*command)
+            except ChildFailedError as exc:
+                raise _from_child_failed(exc, self.world_size, self.num_nodes) from exc
+            except SignalException as exc:
+                if exc.sigval == signal.SIGINT:
+                    raise KeyboardInterrupt from exc
+                raise
 
     def _rendezvous(self) -> dict[str, Any]:
         timeout = int(self.rendezvous_timeout)

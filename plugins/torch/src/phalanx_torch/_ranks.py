@@ -105,14 +105,40 @@ class _Failure:
         """Which failure came first. A rank killed by a signal other than
         SIGTERM (SIGKILL from the OOM killer, SIGSEGV) is a cause, never a
         consequence; a rank that raised may have raised because a peer died;
-        SIGTERM is how ranks are stopped after another failed."""
-        if self.exitcode == -signal.SIGTERM:
-            kind = 2
+        SIGTERM is how ranks are stopped after another failed (but a rank
+        that raised is a cause even if SIGTERM reached it as it exited). A rank whose
+        error says that a peer was lost (a collective that timed out or
+        lost its connection) comes after one that raised anything else: a
+        rank that raises tears its group down on the way out, so its peers'
+        errors can be written before its own."""
+        raised = bool(self.traceback) and self.traceback != "<NONE>"
+        if raised and not self.lost_a_peer:
+            kind = 1  # even if SIGTERM stopped it while it was exiting
+        elif self.exitcode == -signal.SIGTERM:
+            kind = 3
         elif self.signal is not None:
             kind = 0
+        elif self.lost_a_peer:
+            kind = 2
         else:
             kind = 1
         return kind, self.when, self.rank
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """Whether the rank's error is one a peer's failure causes."""
+        last = (self.traceback or "").strip().splitlines()[-1:]
+        return bool(last) and any(mark in last[0] for mark in _PEER_LOST)
+
+
+#: The last traceback lines of errors that a peer's failure causes.
+_PEER_LOST = (
+    "CollectiveTimeoutError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "failed to pass monitoredBarrier",
+    "DistNetworkError",
+)
 
 
 def _worker_failed(

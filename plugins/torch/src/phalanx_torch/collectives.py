@@ -6,6 +6,7 @@ import datetime
 import itertools
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -25,6 +26,10 @@ from phalanx_core import (
     check_reduce_op,
 )
 from phalanx_core.accelerator import Accelerator
+
+#: Set by ``phalanx run``'s runner in the ranks whose every output line it
+#: prefixes with the rank.
+LINES_PREFIXED_VAR = "PHALANX_LINES_PREFIXED"
 
 __all__ = ["SingleDeviceCollective", "TorchCollective"]
 
@@ -290,6 +295,7 @@ class TorchCollective(Collective):
             os.environ["MASTER_ADDR"] = environment.main_address
             os.environ["MASTER_PORT"] = str(environment.main_port)
             timeout = datetime.timedelta(seconds=self.timeout)
+            hook = sys.excepthook
             try:
                 store, rank, size = next(
                     dist.rendezvous(  # type: ignore[attr-defined]
@@ -309,6 +315,10 @@ class TorchCollective(Collective):
             except RuntimeError as exc:
                 raise self._translate(exc, "setup") from exc
             self._owns = True
+            if os.environ.get(LINES_PREFIXED_VAR):
+                # init_process_group prefixes tracebacks with "[rankN]: "; the
+                # runner (phalanx run) already prefixes every line.
+                sys.excepthook = hook
         self._backend = str(dist.get_backend())
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()

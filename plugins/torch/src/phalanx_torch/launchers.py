@@ -27,6 +27,7 @@ import contextlib
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -99,6 +100,11 @@ class InProcessLauncher(Launcher):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         return [_run_here(next(_LAUNCHES), fn, args, kwargs)]
 
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run the program in this process, as ``python *command`` would:
+        ``sys.argv`` and ``sys.path[0]`` set, ``__name__ == "__main__"``."""
+        _run_program(list(command))
+
 
 class MultiprocessingLauncher(Launcher):
     """Starts one process per local rank with :mod:`torch.multiprocessing`
@@ -148,6 +154,12 @@ class MultiprocessingLauncher(Launcher):
             _refuse_fork_after_cuda()
         # Per instance: "fork" works in a notebook, "spawn" does not.
         self.is_interactive_compatible = start_method == "fork"  # type: ignore[misc]
+
+    def run_script(self, command: Sequence[str]) -> None:
+        """A program cannot be forked or spawned as a function: its ranks
+        are started as fresh interpreters under torch elastic, as the
+        ``subprocess`` launcher does (each line prefixed with its rank)."""
+        SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(command)
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         import torch.distributed as dist
@@ -303,3 +315,28 @@ def _stop(procs: Sequence[BaseProcess], spare: set[int] | frozenset[int] = froze
 
 
 # -- subprocess (script mode, torch elastic) ---------------------------------------------------
+
+
+def _run_program(command: list[str]) -> None:
+    """``python *command`` in this process (a script, or ``-m module``)."""
+    import runpy
+
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    try:
+        if command[:1] == ["-m"]:
+            if len(command) < 2:
+                raise MisconfigurationError("phalanx run -m: name the module to run")
+            sys.argv = [command[1], *command[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(command[0])
+            if not os.path.exists(script):
+                raise MisconfigurationError(f"phalanx run: no script at {command[0]!r}")
+            sys.argv = [command[0], *command[1:]]
+            sys.path.insert(0, os.path.dirname(script))
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
+            sys.path.pop(0)

@@ -195,4 +195,26 @@ def phalanx_strategies() -> list[StrategySpec]:
             )
             for name, launcher, priority, summary in ddp
         ),
+        StrategySpec(
+            name="fsdp",
+            target=f"{_PKG}.fsdp:FSDPStrategy",
+            summary="fully sharded data parallel (torch's fully_shard); the script is re-run once per device",
+            launcher="subprocess",
+            collective="torch",
+            parallel=True,
+            priority=-10,
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
+        StrategySpec(
+            name="manual",
+            target=f"{_PKG}.strategies:ManualStrategy",
+            summary="your own parallelism: phalanx gives ranks, processes and the group; you place and wrap",
+            launcher="subprocess",
+            collective="torch",
+            parallel=True,
+            priority=-20,
+            needs=_NEEDS,
+            install=_INSTALL,
+        ),
     ]

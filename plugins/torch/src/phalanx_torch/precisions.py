@@ -21,6 +21,16 @@ def _device_type(precision: Precision) -> str:
     return getattr(precision.accelerator, "name", "cpu")
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Generator[None, None, None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def _cast_floats(data: Any, dtype: torch.dtype) -> Any:
     if isinstance(data, torch.Tensor):
         return data.to(dtype) if data.is_floating_point() else data
@@ -55,6 +65,9 @@ class DoublePrecision(Precision):
     def convert_module(self, module: Any) -> Any:
         return module.to(dtype=torch.float64)
 
+    def module_init_context(self) -> contextlib.AbstractContextManager[None]:
+        return _default_dtype(torch.float64)
+
     def convert_input(self, data: Any) -> Any:
         return _cast_floats(data, torch.float64)
 
@@ -72,6 +85,9 @@ class HalfPrecision(Precision):
 
     def convert_module(self, module: Any) -> Any:
         return module.to(dtype=self.dtype)
+
+    def module_init_context(self) -> contextlib.AbstractContextManager[None]:
+        return _default_dtype(self.dtype)
 
     def convert_input(self, data: Any) -> Any:
         return _cast_floats(data, self.dtype)

@@ -1,0 +1,127 @@
+"""``phalanx run``: a script run on every rank of a named strategy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import phalanx
+from phalanx._resolve import RUN_FLAGS_VAR
+from phalanx_core import MisconfigurationError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        env.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "phalanx", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_ddp_on_two_ranks_prefixes_every_line_with_its_rank():
+    done = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", str(SCRIPTS / "report.py"), "hi"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if "strategy=" in line)
+    assert lines == [
+        "[rank0]: hi strategy=DDPStrategy precision=32-true launcher=InProcessLauncher world=2 rank=0",
+        "[rank1]: hi strategy=DDPStrategy precision=32-true launcher=InProcessLauncher world=2 rank=1",
+    ]
+
+
+def test_the_training_example_runs_under_a_spawn_strategy():
+    done = run(
+        "--strategy", "ddp_spawn", "--accelerator", "cpu", "--devices", "2", "--precision", "bf16-mixed",
+        "examples/train.py", "--steps", "20",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if "loss" in line]
+    assert line.startswith("[rank0]: loss ")
+    first, last = (float(x) for x in line.split("loss ")[1].split(" after")[0].split(" -> "))
+    assert last < first
+
+
+def test_one_process_runs_in_place_with_the_flags_as_defaults():
+    done = run("--accelerator", "cpu", "--precision", "64", str(SCRIPTS / "report.py"), "one")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "one strategy=SingleDeviceStrategy precision=64-true launcher=InProcessLauncher world=1 rank=0"
+    )
+
+
+def test_the_same_value_in_code_and_on_the_command_line_is_fine():
+    done = run(
+        "--strategy", "single_device", "--precision", "bf16", str(SCRIPTS / "report.py"), "same",
+        "strategy=phalanx-torch:single_device", "precision=bf16-mixed",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "precision=bf16-mixed" in done.stdout
+
+
+def test_a_different_value_in_code_is_an_error_naming_both():
+    done = run("--strategy", "single_device", str(SCRIPTS / "report.py"), "x", "strategy=ddp")
+    assert done.returncode == 1
+    assert (
+        "`phalanx run --strategy single_device` and resolve(strategy='ddp') in the script disagree"
+        in done.stderr
+    )
+
+
+def test_a_failing_rank_shows_its_traceback_once_and_the_exit_code_is_not_zero():
+    done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", str(SCRIPTS / "fail.py"))
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert output.count("ValueError: rank one broke on purpose") == 1
+    assert "[rank1]: ValueError: rank one broke on purpose" in output
+    assert "[rank1]: [rank1]" not in output  # torch's own prefix is not added on top
+    assert (
+        "phalanx run: rank 1 raised first; its traceback is in the lines above marked [rank1]" in done.stderr
+    )
+    assert "Sending process" not in output  # elastic's agent is quiet
+
+
+def test_bad_flags_are_refused_before_any_rank_starts():
+    done = run("--strategy", "single_device", "--devices", "2", str(SCRIPTS / "report.py"), "x")
+    assert done.returncode == 1
+    assert "phalanx run: error: strategy 'single_device' runs on one device" in done.stderr
+    done = run("--strategy", "ddp", "--launcher", "rocket", str(SCRIPTS / "report.py"), "x")
+    assert "unknown launcher 'rocket'" in done.stderr
+    done = run("--accelerator", "cpu", "no/such/script.py")
+    assert done.returncode == 1 and "no script at 'no/such/script.py'" in done.stderr
+
+
+def test_run_flags_fill_the_defaults_of_resolve_in_the_script(monkeypatch):
+    monkeypatch.setenv(
+        RUN_FLAGS_VAR, '{"strategy": "single_device", "accelerator": "cpu", "precision": "64"}'
+    )
+    assert phalanx.under_run()
+    registry = phalanx.Registry()
+    plan = registry.plan()
+    assert (plan.strategy.name, plan.accelerator.name, plan.precision.name) == (
+        "single_device",
+        "cpu",
+        "64-true",
+    )
+    assert registry.plan(precision="64-true").precision.name == "64-true"
+    with pytest.raises(MisconfigurationError, match=r"--precision 64` and resolve\(precision='bf16-mixed'\)"):
+        registry.plan(precision="bf16-mixed")
+    strategy = registry.resolve("single_device", accelerator="cpu")
+    with pytest.raises(MisconfigurationError, match=r"passes a ready SingleDeviceStrategy instance"):
+        registry.plan(strategy)
+    monkeypatch.setenv(RUN_FLAGS_VAR, "{not json")
+    with pytest.raises(MisconfigurationError, match=r"is not the JSON `phalanx run` writes"):
+        registry.plan()
