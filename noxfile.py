@@ -51,7 +51,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy, strict on core/ and registry/ (see pyproject.toml)."""
     install_packages(session)
-    session.install("mypy>=1.10", "pytest>=8")
+    session.install("mypy>=1.10", "pytest>=8", "hypothesis>=6.100")
     session.run("mypy")
 
 
@@ -59,7 +59,7 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """pytest over every package's tests and the cross-package tests/."""
     install_packages(session)
-    session.install("pytest>=8")
+    session.install("pytest>=8", "hypothesis>=6.100")
     session.run("pytest", *(session.posargs or TEST_PATHS))
 
 

@@ -247,6 +247,12 @@ class Collective(ABC):
         already made. ``accelerator`` tells the default transport (its
         ``collective_backend``). Calling it again once set up does nothing."""
 
+    def check_accelerator(self, accelerator: Accelerator) -> None:  # noqa: B027 - optional check
+        """Refuse, saying what to use instead, an accelerator whose devices
+        this collective cannot use (nccl with the CPU). The strategy's
+        constructor calls it, so a bad pair fails when resolving, before any
+        process starts. The base accepts every accelerator."""
+
     @abstractmethod
     def teardown(self) -> None:
         """Leave the group this collective made (not one it adopted). Safe

@@ -85,6 +85,7 @@ class Strategy:
         self.parallel_devices = list(parallel_devices)
         self.num_nodes = num_nodes
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        collective.check_accelerator(accelerator)
 
     # -- where this rank is -------------------------------------------------
 

@@ -11,6 +11,7 @@ the ``phalanx.plugins`` group; :class:`Registry` finds them,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from phalanx_core.errors import (
@@ -91,13 +92,16 @@ def resolve(
     collective: Any = None,
     launcher: Any = None,
     environment: Any = None,
+    plugins: Sequence[Any] = (),
     **options: Any,
 ) -> Strategy:
     """Turn names into a composed, ready :class:`~phalanx_core.Strategy`.
 
     ``resolve("ddp", collective="mpi")`` is DDP over the MPI collective. Each
-    flag is a name, a ready instance, or the default; ``options`` go to the
-    strategy's constructor. Runs on the default registry
+    flag is a name, a ready instance, or the default; ``plugins`` is a list
+    of ready parts, each given to its kind; each of ``options`` goes to the
+    one part whose constructor takes it (``find_unused_parameters`` to DDP,
+    ``timeout`` to the collective). Runs on the default registry
     (:func:`default_registry`); see :meth:`Registry.plan` for the rules.
     """
     return default_registry().resolve(
@@ -109,5 +113,6 @@ def resolve(
         collective=collective,
         launcher=launcher,
         environment=environment,
+        plugins=plugins,
         **options,
     )

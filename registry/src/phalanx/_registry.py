@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -329,6 +329,7 @@ class Registry:
         collective: Any = None,
         launcher: Any = None,
         environment: Any = None,
+        plugins: Sequence[Any] = (),
         **options: Any,
     ) -> Plan:
         """Check the flags and choose every part, building nothing.
@@ -336,8 +337,10 @@ class Registry:
         Each flag is a name (bare, alias or ``"distribution:name"``), a
         ready instance, or ``"auto"`` / ``None`` for the default: the
         strategy spec's default part, the available accelerator of highest
-        priority, the detected environment. ``options`` go to the
-        strategy's constructor. Raises :class:`MisconfigurationError`,
+        priority, the detected environment. ``plugins`` is a list of ready
+        parts, each given to its kind (Lightning's habit): the same kind
+        twice, or both there and as a flag, is an error. ``options`` go to
+        the one part whose constructor takes each. Raises :class:`MisconfigurationError`,
         :class:`UnknownNameError`, :class:`PluginError` or
         :class:`UnavailableError` — never falls back to something not asked
         for.
@@ -351,6 +354,7 @@ class Registry:
             "collective": collective,
             "launcher": launcher,
             "environment": environment,
+            "plugins": plugins,
             "options": options,
         }
         return _plan(self, flags)

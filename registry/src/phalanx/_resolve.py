@@ -100,6 +100,22 @@ def _check_flags(flags: Mapping[str, Any]) -> None:
         raise MisconfigurationError(
             f"devices={devices!r} asks for no device; ask for at least 1, or -1 / 'auto' for all"
         )
+    if isinstance(devices, int) and devices < -1:
+        raise MisconfigurationError(
+            f"devices={devices}: a count must be at least 1 (-1 and 'auto' mean all devices)"
+        )
+    if isinstance(devices, str) and devices.strip() not in ("auto", "-1"):
+        items = [d.strip() for d in devices.split(",")]
+        if not all(d.isdigit() for d in items if d) or not any(items) or "" in items[:-1]:
+            raise MisconfigurationError(
+                f"devices={devices!r}: expected 'auto', a count like '2', or device indices like '0,2'"
+            )
+        if devices.strip().isdigit() and int(devices) == 0:
+            raise MisconfigurationError(
+                f"devices={devices!r} asks for no device; ask for at least 1, or -1 / 'auto' for all"
+            )
+    if isinstance(devices, Sequence) and not isinstance(devices, str) and any(d < 0 for d in devices):
+        raise MisconfigurationError(f"devices={list(devices)!r}: device indices start at 0")
     nodes = flags["num_nodes"]
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise MisconfigurationError(f"num_nodes={nodes!r}: expected an int of at least 1")
@@ -111,6 +127,58 @@ def _check_flags(flags: Mapping[str, Any]) -> None:
                 f"its parts; you also passed {', '.join(given + list(flags['options']))}. Give "
                 "the strategy by name to choose its parts with flags, or set them on the instance"
             )
+
+
+def _with_plugins(flags: dict[str, Any]) -> dict[str, Any]:
+    """Give each ready part in ``plugins=[...]`` to its kind's flag (and a
+    CheckpointIO to the strategy's ``checkpoint_io``); a kind given twice is
+    an error that names both."""
+    from phalanx_core import CheckpointIO
+
+    plugins = flags.get("plugins") or ()
+    if not isinstance(plugins, (list, tuple)):
+        raise MisconfigurationError(
+            f"plugins={plugins!r}: expected a list of ready parts (an environment, a precision, "
+            "a collective, a launcher, an accelerator or a CheckpointIO instance)"
+        )
+    merged = {k: v for k, v in flags.items() if k != "plugins"}
+    merged["options"] = dict(flags["options"])
+    seen: dict[str, Any] = {}
+    for item in plugins:
+        if isinstance(item, CheckpointIO):
+            kind_name, flag = "checkpoint_io", "checkpoint_io"
+        else:
+            kinds = [k for k in _PARTS if isinstance(item, INTERFACES[k])]
+            if not kinds:
+                what = "a strategy: pass it as the first argument" if isinstance(item, Strategy) else ""
+                raise MisconfigurationError(
+                    f"plugins=[..., {item!r}, ...]: not a part phalanx composes{'; ' + what if what else ''}"
+                    ". plugins= takes ready environments, precisions, collectives, launchers, "
+                    "accelerators and CheckpointIO instances"
+                )
+            kind_name = flag = str(kinds[0])
+        if kind_name in seen:
+            raise MisconfigurationError(
+                f"plugins= has two {kind_name} parts, {type(seen[kind_name]).__name__} and "
+                f"{type(item).__name__}; a strategy has one {kind_name}: keep the one you mean"
+            )
+        seen[kind_name] = item
+        if flag == "checkpoint_io":
+            given = merged["options"].get("checkpoint_io")
+        else:
+            given = merged[flag]
+            if (flag, given) in (("accelerator", "auto"), ("precision", "32-true")):
+                given = None
+        if given is not None:
+            raise MisconfigurationError(
+                f"the {kind_name} is given twice: {flag}={given!r} and plugins=[{type(item).__name__}(...)]"
+                "; give it in one place"
+            )
+        if flag == "checkpoint_io":
+            merged["options"]["checkpoint_io"] = item
+        else:
+            merged[flag] = item
+    return merged
 
 
 def _device_count(devices: Any) -> int | None:
@@ -310,7 +378,7 @@ def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Cho
 def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     """Check the flags, then choose every part; import only what choosing
     needs (accelerator availability for ``"auto"``, environment detection)."""
-    flags = _with_run_flags(registry, flags)
+    flags = _with_run_flags(registry, _with_plugins(flags))
     _check_flags(flags)
     strategy_flag = flags["strategy"]
     if isinstance(strategy_flag, Strategy):
@@ -377,14 +445,18 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     if _is_interactive():
         lspec = _launcher_spec(launcher)
         if lspec is not None and not lspec.interactive:
+            several = (count or 1) > 1 or flags["num_nodes"] > 1
             ok = [
                 e.name
                 for e in registry.entries(Kind.LAUNCHER)
-                if isinstance(e.spec, LauncherSpec) and e.spec.interactive
+                if isinstance(e.spec, LauncherSpec)
+                and e.spec.interactive
+                and (e.spec.creates_processes or not several)
             ]
             raise MisconfigurationError(
                 f"launcher {launcher.name!r} cannot run in a notebook or REPL (it re-runs the "
-                f"script); use an interactive launcher: {', '.join(ok) or '(none installed)'}"
+                "script, and here there is none); pass an interactive launcher: "
+                f"{', '.join(f'launcher={n!r}' for n in ok) or '(none installed)'}"
             )
     return Plan(
         strategy,

@@ -27,6 +27,9 @@ from phalanx_core import (
 )
 from phalanx_core.accelerator import Accelerator
 
+#: c10d backends that move one kind of device's tensors only.
+_DEVICE_ONLY = {"nccl": "cuda", "xccl": "xpu"}
+
 #: Set by ``phalanx run``'s runner in the ranks whose every output line it
 #: prefixes with the rank.
 LINES_PREFIXED_VAR = "PHALANX_LINES_PREFIXED"
@@ -276,6 +279,20 @@ class TorchCollective(Collective):
                 )
             )
         return backend
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        """The backend (``backend=``, else the accelerator's default) must
+        exist in this torch build and use the accelerator's devices (nccl
+        moves CUDA tensors only)."""
+        backend = (self._backend_flag or accelerator.collective_backend or "gloo").lower()
+        device = _DEVICE_ONLY.get(backend)
+        if device is not None and accelerator.name != device:
+            raise MisconfigurationError(
+                f"collective 'torch' with backend={backend!r} and accelerator {accelerator.name!r}: "
+                f"{backend} moves {device} tensors only; use backend='gloo' (the default for "
+                f"{accelerator.name!r}), or accelerator={device!r}"
+            )
+        self._check_backend(backend)
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         if self._initialized:
