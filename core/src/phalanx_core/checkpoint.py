@@ -40,6 +40,12 @@ class TorchCheckpointIO(CheckpointIO):
     def load(self, path: str | os.PathLike[str], *, weights_only: bool = True) -> dict[str, Any]:
         import torch
 
+        if Path(path).is_dir():
+            raise FileNotFoundError(
+                f"no checkpoint file at {os.fspath(path)!r}: it is a directory (a sharded checkpoint "
+                "of strategy 'fsdp', or per-rank files of 'manual'?); load it with the strategy that "
+                "wrote it, or save with state_dict_type='full' (fsdp) for one file every strategy reads"
+            )
         if not Path(path).is_file():
             raise FileNotFoundError(f"no checkpoint file at {os.fspath(path)!r}")
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=weights_only)

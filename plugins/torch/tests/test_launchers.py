@@ -592,3 +592,26 @@ def test_subprocess_options_are_checked(monkeypatch):
         SubprocessLauncher(max_restarts=-1)
     monkeypatch.setenv("NODE_RANK", "2")
     assert SubprocessLauncher(environment=LocalEnvironment(), num_nodes=3).node_rank == 2
+
+
+FORK_AFTER_PARALLEL_WORK = """
+import torch, phalanx
+
+def step(strategy):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.Linear(64, 64)(torch.randn(256, 64)).sum().backward()
+    return torch.get_num_threads()
+
+step(None)  # the parent runs a parallel region first, as a notebook would
+print(phalanx.resolve("ddp_fork", accelerator="cpu", devices=2).launch(step))
+"""
+
+
+def test_fork_after_the_parent_ran_parallel_work_does_not_hang():
+    """libgomp cannot run a parallel region in a child forked after the
+    parent ran one; a forked rank computes with one thread, so it finishes."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_PARALLEL_WORK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1, 1]"

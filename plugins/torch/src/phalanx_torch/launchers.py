@@ -191,7 +191,7 @@ class MultiprocessingLauncher(Launcher):
                 conns.append(reader)
                 proc = ctx.Process(
                     target=_mp_rank,
-                    args=(env, os.getpid(), writer, fn, args, kwargs),
+                    args=(env, os.getpid(), writer, fn, args, kwargs, self.start_method),
                     name=f"phalanx-rank-{rank}",
                 )
                 try:
@@ -230,13 +230,24 @@ def _mp_rank(
     fn: Callable[..., Any],
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
+    start_method: str,
 ) -> None:
     """A rank of a spawn/fork launch: report fn's result, or its traceback,
-    to the launching process through ``conn``."""
+    to the launching process through ``conn``. A forked rank computes with
+    one intra-op thread (see below)."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # its own group: stopping it stops what it starts
     _die_with(parent)
     os.environ.update(env)
+    if start_method == "fork":
+        # libgomp (torch's OpenMP) cannot run a parallel region in a child
+        # forked after the parent ran one: the child's first parallel matmul
+        # never returns (seen with bf16 autocast in the parent). One thread
+        # runs inline; ranks sharing a CPU want one each anyway (torchrun
+        # sets OMP_NUM_THREADS=1 for the same reason).
+        import torch
+
+        torch.set_num_threads(1)
     try:
         payload = _dumps_result(("result", fn(*args, **kwargs)), env["RANK"])
     except BaseException as exc:

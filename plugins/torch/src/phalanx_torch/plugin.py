@@ -164,16 +164,37 @@ def phalanx_precisions() -> list[PrecisionSpec]:
 
 @hookimpl
 def phalanx_strategies() -> list[StrategySpec]:
-    ddp = (
-        ("ddp", "subprocess", 10, "DistributedDataParallel; the script is re-run once per device"),
-        ("ddp_spawn", "spawn", 5, "DistributedDataParallel in processes started by spawn"),
-        ("ddp_fork", "fork", 0, "DistributedDataParallel in forked processes"),
-        ("ddp_notebook", "fork", 0, "ddp_fork, under the name notebooks look for"),
+    strategies = f"{_PKG}.strategies"
+    parallel = (
+        (
+            "ddp",
+            "DDPStrategy",
+            "subprocess",
+            10,
+            "DistributedDataParallel; the script is re-run once per device",
+        ),
+        ("ddp_spawn", "DDPStrategy", "spawn", 5, "DistributedDataParallel in processes started by spawn"),
+        ("ddp_fork", "DDPStrategy", "fork", 0, "DistributedDataParallel in forked processes"),
+        ("ddp_notebook", "DDPStrategy", "fork", 0, "ddp_fork, under the name notebooks look for"),
+        (
+            "fsdp",
+            "FSDPStrategy",
+            "subprocess",
+            -10,
+            "fully sharded data parallel (torch's fully_shard); the script is re-run once per device",
+        ),
+        (
+            "manual",
+            "ManualStrategy",
+            "subprocess",
+            -20,
+            "your own parallelism: phalanx gives ranks, processes and the group; you place and wrap",
+        ),
     )
     return [
         StrategySpec(
             name="single_device",
-            target=f"{_PKG}.strategies:SingleDeviceStrategy",
+            target=f"{strategies}:SingleDeviceStrategy",
             summary="one process on one device",
             launcher="in_process",
             collective="single_device",
@@ -184,7 +205,7 @@ def phalanx_strategies() -> list[StrategySpec]:
         *(
             StrategySpec(
                 name=name,
-                target=f"{_PKG}.strategies:DDPStrategy",
+                target=f"{_PKG}.fsdp:{cls}" if name == "fsdp" else f"{strategies}:{cls}",
                 summary=summary,
                 launcher=launcher,
                 collective="torch",
@@ -193,28 +214,6 @@ def phalanx_strategies() -> list[StrategySpec]:
                 needs=_NEEDS,
                 install=_INSTALL,
             )
-            for name, launcher, priority, summary in ddp
-        ),
-        StrategySpec(
-            name="fsdp",
-            target=f"{_PKG}.fsdp:FSDPStrategy",
-            summary="fully sharded data parallel (torch's fully_shard); the script is re-run once per device",
-            launcher="subprocess",
-            collective="torch",
-            parallel=True,
-            priority=-10,
-            needs=_NEEDS,
-            install=_INSTALL,
-        ),
-        StrategySpec(
-            name="manual",
-            target=f"{_PKG}.strategies:ManualStrategy",
-            summary="your own parallelism: phalanx gives ranks, processes and the group; you place and wrap",
-            launcher="subprocess",
-            collective="torch",
-            parallel=True,
-            priority=-20,
-            needs=_NEEDS,
-            install=_INSTALL,
+            for name, cls, launcher, priority, summary in parallel
         ),
     ]
