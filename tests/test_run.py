@@ -125,3 +125,33 @@ def test_run_flags_fill_the_defaults_of_resolve_in_the_script(monkeypatch):
     monkeypatch.setenv(RUN_FLAGS_VAR, "{not json")
     with pytest.raises(MisconfigurationError, match=r"is not the JSON `phalanx run` writes"):
         registry.plan()
+
+
+def test_two_nodes_on_this_machine_make_one_world():
+    import socket
+
+    with socket.socket() as s:  # a port for node 0's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
+
+    def node(rank: int) -> subprocess.Popen[str]:
+        flags = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2"]
+        flags += ["--node-rank", str(rank), "--main-address", "127.0.0.1", "--main-port", port]
+        command = [sys.executable, "-m", "phalanx", "run", *flags, str(SCRIPTS / "report.py"), f"node{rank}"]
+        return subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+
+    nodes = [node(0), node(1)]
+    outs = []
+    try:
+        for proc in nodes:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            outs.append(out)
+    finally:
+        for proc in nodes:
+            proc.kill()
+    assert "[rank0]: node0 strategy=DDPStrategy" in outs[0] and "world=2 rank=0" in outs[0]
+    assert "[rank1]: node1 strategy=DDPStrategy" in outs[1] and "world=2 rank=1" in outs[1]
