@@ -78,7 +78,9 @@ class FSDPStrategy(TorchGroupStrategy):
         reshard_after_forward: free the gathered parameters of each unit after
             its forward and gather them again in backward (``True``, less
             memory), or keep them until backward (``False``, less
-            communication).
+            communication). ``None`` (the default, torch's) is ``True`` for
+            every unit but the root, whose parameters backward needs first:
+            resharding the root too costs one more all-gather per step.
         shard_modules: what besides the root is sharded as its own unit:
             ``None`` (the root only), a class of module or a set/tuple/list
             of them (every submodule that is an instance), or a callable
@@ -100,7 +102,7 @@ class FSDPStrategy(TorchGroupStrategy):
     def __init__(
         self,
         *,
-        reshard_after_forward: bool = True,
+        reshard_after_forward: bool | None = None,
         shard_modules: Any = None,
         cpu_offload: bool = False,
         mp_policy: MixedPrecisionPolicy | None = None,
@@ -108,10 +110,11 @@ class FSDPStrategy(TorchGroupStrategy):
         **parts: Any,
     ) -> None:
         super().__init__(**parts)
-        if not isinstance(reshard_after_forward, bool):
+        if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
             raise MisconfigurationError(
                 f"strategy 'fsdp': reshard_after_forward={reshard_after_forward!r}; give True (free the "
-                "gathered parameters after each forward, the default) or False (keep them until backward)"
+                "gathered parameters after each forward), False (keep them until backward) or None "
+                "(the default: True for every unit but the root)"
             )
         if not isinstance(cpu_offload, bool):
             raise MisconfigurationError(
