@@ -339,3 +339,17 @@ def test_random_flags_resolve_or_raise_a_phalanx_error(strategy, flags):
         assert str(exc)  # noqa: PT017 - every refusal says why; the property is the type
     else:
         assert isinstance(resolved, Strategy)
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """spawn imports the main script again in every new process; a script
+    that resolves and launches at its top level would launch from there."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "import phalanx\n\n\ndef fn(strategy):\n    return strategy.global_rank\n\n\n"
+        "print(phalanx.resolve('ddp_spawn', accelerator='cpu', devices=2).launch(fn))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert 'Put the code that resolves and launches under `if __name__ == "__main__":`' in done.stderr
+    assert "WorkerFailedError" in done.stderr

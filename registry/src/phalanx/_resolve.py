@@ -66,6 +66,14 @@ def _is_interactive() -> bool:
     return main is not None and not hasattr(main, "__file__")
 
 
+def _spawn_bootstrapping() -> bool:
+    """Whether this is a process multiprocessing's spawn started, still
+    importing the parent's main module."""
+    import multiprocessing
+
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
 # -- step 1: the flags ---------------------------------------------------------
 
 
@@ -444,6 +452,13 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     launcher = _pick_launcher(registry, flags["launcher"], spec.launcher, environment)
     if _is_interactive():
         lspec = _launcher_spec(launcher)
+        if lspec is not None and not lspec.interactive and _spawn_bootstrapping():
+            raise MisconfigurationError(
+                f"resolve() ran while a process that launcher 'spawn' started was importing your main "
+                "script (spawn runs it again in every new process, under the name __mp_main__), and "
+                f"would start processes from there with launcher {launcher.name!r}. Put the code that "
+                'resolves and launches under `if __name__ == "__main__":`'
+            )
         if lspec is not None and not lspec.interactive:
             several = (count or 1) > 1 or flags["num_nodes"] > 1
             ok = [
