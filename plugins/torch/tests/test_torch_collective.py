@@ -49,6 +49,24 @@ def test_contract_over_gloo(world_size):
         assert ran == list(CHECKS)
 
 
+def run_contract_on_device(strategy):
+    collective = strategy.collective
+    return collective.backend, check_collective(collective, device=strategy.root_device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_contract_over_nccl_on_one_gpu():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cuda", devices=1, timeout=60)
+    [(backend, ran)] = strategy.launch(run_contract_on_device)
+    assert backend == "nccl"
+    assert ran == list(CHECKS)
+
+
+def test_the_contract_takes_a_device():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=60)
+    assert strategy.launch(run_contract_on_device) == [("gloo", list(CHECKS))] * 2
+
+
 def test_a_third_party_backend_by_name():
     strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, backend=THIRD_PARTY, timeout=60)
     results = strategy.launch(run_contract)

@@ -320,10 +320,23 @@ def _check_refuses(c: Collective, operation: str) -> None:
         raise AssertionError(f"{operation}() is declared unsupported but did not raise UnavailableError")
 
 
-def check_collective(collective: Collective, only: tuple[str, ...] = ()) -> list[str]:
+def check_collective(collective: Collective, only: tuple[str, ...] = (), *, device: Any = None) -> list[str]:
     """Run every check of the contract (or those named in ``only``) on a
     set-up collective, in every rank; return the names of what ran, with
-    ``"refuses:<op>"`` for each declared-unsupported operation."""
+    ``"refuses:<op>"`` for each declared-unsupported operation.
+
+    The checks make their tensors on ``device`` (``strategy.root_device``
+    for nccl, which moves CUDA tensors only); ``None`` is torch's default
+    device, the CPU."""
+    if device is None:
+        return _check_all(collective, only)
+    import torch
+
+    with torch.device(device):
+        return _check_all(collective, only)
+
+
+def _check_all(collective: Collective, only: tuple[str, ...]) -> list[str]:
     ran = []
     unsupported = set(collective.unsupported)
     for name, (check, operations) in CHECKS.items():
