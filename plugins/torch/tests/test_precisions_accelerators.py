@@ -55,6 +55,25 @@ def test_each_precision_trains_on_cpu(precision, param_dtype, out_dtype):
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("precision", "param_dtype"),
+    [
+        ("32-true", "torch.float32"),
+        ("64-true", "torch.float64"),
+        ("bf16-mixed", "torch.float32"),
+        ("bf16-true", "torch.bfloat16"),
+        ("16-true", "torch.float16"),
+    ],
+)
+def test_ddp_trains_in_every_cpu_precision(precision, param_dtype):
+    strategy = phalanx.resolve("ddp_fork", accelerator="cpu", devices=2, precision=precision)
+    first, second = strategy.launch(train, 20)
+    assert first == second  # DDP keeps the ranks identical
+    assert first[1] < first[0]
+    assert first[2] == param_dtype
+
+
+@pytest.mark.subprocess
 def test_bf16_mixed_over_two_gloo_ranks():
     strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, precision="bf16-mixed")
     results = strategy.launch(train, 20)
