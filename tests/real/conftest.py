@@ -20,53 +20,25 @@ import json
 import os
 import signal
 import subprocess
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SCRIPT = HERE / "collective_run.py"
 MARKER = "PHALANX_RESULT "
-TAG = "PHALANX_REAL_RUN_TAG"
 
 _ONLY_IN_THEIR_SESSION = {"slurm": "test_slurm.py", "mpi": "test_mpi.py"}
 _asked = {name.strip() for name in os.environ.get("PHALANX_REAL_RUNS", "").split(",")}
 collect_ignore = [file for name, file in _ONLY_IN_THEIR_SESSION.items() if name not in _asked]
 
-#: Variables of a scheduler the tests themselves may run under (CI inside a
-#: Slurm job); a job started here must see only its own launcher's.
-_SCHEDULER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "LSB_", "JSM_")
-_SCHEDULER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
-_SCHEDULER_NAMES |= {"GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-
 
 def clean_environment(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_SCHEDULER_PREFIXES) and k not in _SCHEDULER_NAMES
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    return {**env, **extra}
-
-
-def tagged_processes(tag: str) -> dict[int, str]:
-    """pid -> command line of every process whose environment holds ``TAG=tag``."""
-    needle = f"{TAG}={tag}".encode()
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # gone, or another user's
-            continue
-    return found
+    return scheduler_free_environment(**extra)
 
 
 @dataclass
@@ -97,8 +69,8 @@ def _kill_group(process: subprocess.Popen) -> None:
 def run_job(command: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Job:
     """Run ``command`` bounded by ``timeout``; fail the test if it runs over
     or leaves a process behind (those are killed by pid first)."""
-    tag = uuid.uuid4().hex
-    env = {**(env if env is not None else clean_environment()), TAG: tag}
+    tag = new_tag()
+    env = {**(env if env is not None else clean_environment()), TAG_VAR: tag}
     process = subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
@@ -108,7 +80,7 @@ def run_job(command: list[str], *, timeout: float, env: dict[str, str] | None = 
     except subprocess.TimeoutExpired:
         exited = process.poll() is not None
         _kill_group(process)
-        left = _reap(tag, grace=0)  # they may hold the output pipes open
+        left = reap(tag, grace=0)  # they may hold the output pipes open
         stdout, stderr = process.communicate(timeout=30)
         job = Job(command, process.returncode, stdout, stderr)
         what = "its output was still open (held by a process left behind)" if exited else "still running"
@@ -118,22 +90,9 @@ def run_job(command: list[str], *, timeout: float, env: dict[str, str] | None = 
             _kill_group(process)
             process.wait(timeout=30)
     job = Job(command, process.returncode, stdout, stderr)
-    left = _reap(tag)
+    left = reap(tag)
     assert not left, f"processes left behind (killed now): {left}\n{job.describe()}"
     return job
-
-
-def _reap(tag: str, grace: float = 10.0) -> dict[int, str]:
-    """Wait up to ``grace`` seconds for the job's processes to end (a
-    scheduler may reap its tasks just after the launcher exits); kill those
-    still there by pid and return them."""
-    deadline = time.monotonic() + grace
-    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return left
 
 
 def check_collective_results(job: Job, *, ranks: int, environment: str) -> list[dict]:

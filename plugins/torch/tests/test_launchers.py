@@ -14,7 +14,6 @@ own resource tracker, one per session, is not a process of any job.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -23,7 +22,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import pytest
 
 import phalanx
 from phalanx_core import MisconfigurationError, WorkerFailedError
+from phalanx_core.testing.processes import TAG_VAR, is_alive, new_tag, reap, scheduler_free_environment
 from phalanx_torch.environments import LocalEnvironment
 from phalanx_torch.launchers import (
     RESULTS_DIR_VAR,
@@ -49,71 +48,12 @@ import rank_fns  # noqa: E402 - from SCRIPTS, just put on the path
 
 pytestmark = pytest.mark.subprocess
 
-TAG = "PHALANX_LAUNCHER_TEST_TAG"
 #: Seconds any test may take before it is interrupted.
 LIMIT = 90
 #: Seconds a launch may take from a rank's failure to the caller's error,
 #: including starting the ranks: "every rank is stopped within seconds".
 PROMPT = 30
 METHODS = ["spawn", "fork"]
-#: Scheduler variables the test process may itself run under (CI in a Slurm
-#: job, torchrun); a script started here must see only its own launcher's.
-_SCHEDULER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "PMIX_", "LSB_", "JSM_")
-_SCHEDULER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
-_SCHEDULER_NAMES |= {
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    RESULTS_DIR_VAR,
-    "PHALANX_LAUNCH_INDEX",
-    "PHALANX_LAUNCHER_PID",
-}
-
-
-# -- the process tree -------------------------------------------------------------------
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError:  # gone meanwhile
-        return b""
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        for child in _read(f"{task}/children").split():
-            found |= {int(child)} | _descendants(int(child))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    return bool(stat) and stat.rsplit(b")", 1)[-1].split()[0] != b"Z"
-
-
-def _is_session_helper(pid: int) -> bool:
-    return b"multiprocessing.resource_tracker" in _read(f"/proc/{pid}/cmdline")
-
-
-def _tagged(tag: str) -> set[int]:
-    needle = f"{TAG}={tag}".encode()
-    return {
-        int(proc.name)
-        for proc in Path("/proc").iterdir()
-        if proc.name.isdigit() and int(proc.name) != os.getpid() and needle in _read(f"{proc}/environ")
-    }
-
-
-def _left_behind(tag: str) -> dict[int, str]:
-    pids = _descendants(os.getpid()) | _tagged(tag)
-    return {
-        p: _read(f"/proc/{p}/cmdline").replace(b"\0", b" ").decode()
-        for p in pids
-        if _alive(p) and not _is_session_helper(p)
-    }
 
 
 class _TimedOut(BaseException):
@@ -125,8 +65,8 @@ class _TimedOut(BaseException):
 def bounded_and_clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Each test: at most LIMIT seconds, a tag every process it starts
     inherits, and afterwards no process of it left anywhere."""
-    tag = uuid.uuid4().hex
-    monkeypatch.setenv(TAG, tag)
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
 
     def interrupt(signum: int, frame: Any) -> None:
         raise _TimedOut(f"the test ran past {LIMIT} s")
@@ -138,25 +78,15 @@ def bounded_and_clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    deadline = time.monotonic() + 5  # killed processes take a moment to be reaped
-    while (left := _left_behind(tag)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
+    left = reap(tag, grace=5, children_of=os.getpid())  # killed processes take a moment to go
+    assert not left, f"processes left behind (killed now): {left}"
 
 
 # -- running scripts ------------------------------------------------------------------------
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_SCHEDULER_PREFIXES) and k not in _SCHEDULER_NAMES
-    }
-    return {**env, "PYTHONUNBUFFERED": "1", TAG: os.environ[TAG], **extra}
+    return scheduler_free_environment(**{TAG_VAR: os.environ[TAG_VAR], **extra})
 
 
 class Job:
@@ -542,9 +472,9 @@ def start_waiting_ranks(launcher: str, folder: Path) -> tuple[subprocess.Popen[s
 
 def gone_soon(pids: list[int]) -> bool:
     deadline = time.monotonic() + STOP_GRACE + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(_alive(pid) for pid in pids)
+    return not any(is_alive(pid) for pid in pids)
 
 
 @pytest.mark.parametrize("launcher", ["subprocess", "spawn", "fork"])

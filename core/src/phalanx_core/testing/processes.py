@@ -1,0 +1,153 @@
+"""The processes a job left behind, for tests of launchers (Linux: reads
+``/proc``).
+
+A test gives every process of a job a tag: a variable (``TAG_VAR``) in the
+environment of the command it starts, which every descendant inherits —
+torchrun's workers, srun's tasks under slurmstepd, mpirun's ranks. After the
+job, a process that still carries the tag was left behind, whoever its
+parent now is (a rank orphaned by a dead launcher is nobody's child)::
+
+    tag = new_tag()
+    subprocess.run(command, env=scheduler_free_environment(**{TAG_VAR: tag}), timeout=60)
+    assert not reap(tag), "processes left behind"
+
+For code that runs in the test's own process (``strategy.launch`` with the
+spawn or fork launcher), :func:`left_behind` also counts the live
+descendants of the test process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+__all__ = [
+    "TAG_VAR",
+    "descendants",
+    "is_alive",
+    "left_behind",
+    "new_tag",
+    "reap",
+    "scheduler_free_environment",
+    "tagged_processes",
+]
+
+#: The environment variable that tags a test's processes.
+TAG_VAR = "PHALANX_TEST_TAG"
+
+#: Variables of a scheduler the tests themselves may run under (CI inside a
+#: Slurm job, torchrun); a job a test starts must see only its own launcher's.
+SCHEDULER_PREFIXES = (
+    "SLURM_",
+    "TORCHELASTIC_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MPI_LOCAL",
+    "LSB_",
+    "JSM_",
+    "HOROVOD_",
+)
+SCHEDULER_NAMES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+
+
+def new_tag() -> str:
+    """A fresh tag for one job."""
+    return uuid.uuid4().hex
+
+
+def scheduler_free_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without any scheduler's rank variables
+    (and without phalanx's own launch variables), unbuffered, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith((*SCHEDULER_PREFIXES, "PHALANX_")) and k not in SCHEDULER_NAMES
+    }
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _read(path: str | Path) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError:  # gone meanwhile, or another user's
+        return b""
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    stat = _read(f"/proc/{pid}/stat")
+    return bool(stat) and stat.rsplit(b")", 1)[-1].split()[0] != b"Z"
+
+
+def _command(pid: int) -> str:
+    return _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def tagged_processes(tag: str, var: str = TAG_VAR) -> dict[int, str]:
+    """pid -> command line of every live process (not this one) whose
+    environment holds ``var=tag``."""
+    needle = f"{var}={tag}".encode()
+    return {
+        int(entry.name): _command(int(entry.name))
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and int(entry.name) != os.getpid()
+        and needle in _read(entry / "environ").split(b"\0")
+        and is_alive(int(entry.name))
+    }
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, recursively (through every thread's
+    children)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in _read(task / "children").split():
+            found |= {int(child)} | descendants(int(child))
+    return found
+
+
+def left_behind(tag: str, *, children_of: int | None = None, var: str = TAG_VAR) -> dict[int, str]:
+    """The live processes tagged ``tag``, and, with ``children_of``, the
+    live descendants of that process — but not multiprocessing's resource
+    tracker, which serves a whole session rather than a job."""
+    found = tagged_processes(tag, var)
+    if children_of is not None:
+        for pid in descendants(children_of):
+            if pid not in found and is_alive(pid):
+                found[pid] = _command(pid)
+    return {pid: cmd for pid, cmd in found.items() if "multiprocessing.resource_tracker" not in cmd}
+
+
+def reap(
+    tag: str, grace: float = 10.0, *, children_of: int | None = None, var: str = TAG_VAR
+) -> dict[int, str]:
+    """Wait up to ``grace`` seconds for the job's processes to end (a
+    scheduler may reap its tasks just after the launcher exits); kill those
+    still there by pid with SIGKILL, and return them (empty: nothing was
+    left behind)."""
+    deadline = time.monotonic() + grace
+    while (left := left_behind(tag, children_of=children_of, var=var)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
