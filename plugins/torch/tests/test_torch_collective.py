@@ -1,5 +1,6 @@
-"""The torch collective meets the shared contract over real gloo process
-groups of 1, 2 and 3 processes, and over a third-party c10d backend."""
+"""The torch collective over a third-party c10d backend, on a device, with a
+group the user made, and its options (the contract over gloo in worlds of 1
+to 3: test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -39,14 +40,7 @@ def run_contract(strategy):
     return strategy.global_rank, collective.backend, check_collective(collective)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_contract_over_gloo(world_size):
-    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=world_size, timeout=60)
-    results = strategy.launch(run_contract)
-    assert [r[0] for r in results] == list(range(world_size))
-    for _, backend, ran in results:
-        assert backend == "gloo"
-        assert ran == list(CHECKS)
+# The contract over gloo in worlds of 1 to 3: test_conformance.py (the kit's CollectiveSuite).
 
 
 def run_contract_on_device(strategy):

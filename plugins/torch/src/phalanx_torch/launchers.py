@@ -261,6 +261,11 @@ def _mp_rank(
     conn.close()
 
 
+#: Seconds to wait for the failure that caused the ones seen first, when
+#: those only say that a peer was lost.
+CAUSE_GRACE = 2.0
+
+
 def _collect(
     procs: Sequence[BaseProcess], conns: Sequence[Connection]
 ) -> tuple[dict[int, Any], list[_Failure]]:
@@ -288,8 +293,7 @@ def _collect(
         else:
             failures.append(_Failure(rank, None, message[1], message[2] or time.time()))
 
-    while running and not failures:
-        ready = wait([*open_conns, *running])
+    def take(ready: list[Any]) -> None:
         for conn in conns:
             if conn in ready and conn in open_conns:
                 receive(open_conns[conn], conn)
@@ -303,6 +307,18 @@ def _collect(
             code = procs[rank].exitcode
             if rank not in reported or (code != 0 and rank in results):  # died, or died after returning
                 failures.append(_Failure(rank, code, None, time.time()))
+
+    while running and not failures:
+        take(wait([*open_conns, *running]))
+    # A rank that raises tears its group down on the way out, so a peer's
+    # "connection closed" can arrive before the error that caused it: while
+    # every failure seen is such a consequence, wait a moment for the cause.
+    settle = time.monotonic() + CAUSE_GRACE
+    while running and failures and all(f.lost_a_peer for f in failures):
+        left = settle - time.monotonic()
+        if left <= 0:
+            break
+        take(wait([*open_conns, *running], timeout=left))
     return results, failures
 
 

@@ -1,0 +1,396 @@
+"""Conformance suites: the tests a part must pass to keep its contract.
+
+Subclass a suite in your own test file (a class named ``Test...``), name
+your part, and pytest runs every test of the suite on it::
+
+    from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite
+
+
+    class TestMyCollective(CollectiveSuite):
+        collective = "mine"  # or "my-dist:mine"
+
+
+    class TestMyLauncher(LauncherSuite):
+        launcher = "mine"
+
+The suites run real jobs through :func:`phalanx.resolve` (so the part is
+found by name, through its entry point, as users find it), with the
+``phalanx`` registry and the plugins the job needs installed:
+
+- :class:`CollectiveSuite`: the whole Collective contract
+  (:mod:`phalanx_core.testing.contract`: every operation, dtypes, in-place
+  results, reduce ops with integer mean, subgroups and what non-members get,
+  object collectives, async handles, bad arguments), in worlds of 1 to 3
+  ranks, and a timeout naming the operation. An operation the collective
+  declares in ``unsupported`` is checked to refuse clearly, never skipped.
+- :class:`LauncherSuite`: every rank's value by global rank, the failure
+  contract (a rank that raises, a rank killed by SIGKILL: the caller gets
+  :class:`~phalanx_core.WorkerFailedError` naming it), and no process left
+  behind (:mod:`phalanx_core.testing.processes`).
+- :class:`EnvironmentSuite`: detection under the scheduler's variables and
+  not without them, ranks and rendezvous read from them, and the registry
+  choosing it over the environments of lower priority.
+- :class:`AcceleratorSuite`: availability with a reason, refusal where
+  unavailable, device parsing and refusals of bad ``devices`` flags.
+
+Each test is bounded in time (the launchers' timeouts, and ``hang_guard``
+seconds of SIGALRM in the test process); a hang fails, it never blocks CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import pytest
+
+from ..errors import CollectiveTimeoutError, MisconfigurationError, UnavailableError, WorkerFailedError
+from .contract import CHECKS, check_collective
+from .processes import TAG_VAR, new_tag, reap
+
+__all__ = ["AcceleratorSuite", "CollectiveSuite", "EnvironmentSuite", "LauncherSuite"]
+
+
+class _HangGuard(BaseException):
+    """Raised by SIGALRM in a test that ran past its guard."""
+
+
+@contextlib.contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _HangGuard(f"the test still ran after {seconds} s: a hang")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _no_leftovers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
+    try:
+        yield
+    finally:
+        left = reap(tag, grace=10, children_of=os.getpid())
+        assert not left, f"processes left behind (killed now): {left}"
+
+
+def _expected_checks(unsupported: frozenset[str]) -> list[str]:
+    ran: list[str] = []
+    for name, (_, operations) in CHECKS.items():
+        refused = sorted(unsupported & set(operations))
+        if refused:
+            ran.extend(f"refuses:{op}" for op in refused if f"refuses:{op}" not in ran)
+        else:
+            ran.append(name)
+    return ran
+
+
+# -- functions the ranks run (importable, so the spawn launcher can send them) --
+
+
+def run_contract(strategy: Any) -> tuple[int, int, list[str], list[str]]:
+    """In every rank: the whole contract on the strategy's collective."""
+    collective = strategy.collective
+    ran = check_collective(collective, device=strategy.root_device)
+    return collective.rank, collective.world_size, ran, sorted(collective.unsupported)
+
+
+def run_timeout(strategy: Any, wait: float) -> str:
+    """Rank 0 all-reduces alone and must get CollectiveTimeoutError naming
+    the operation; the other ranks stay away, then leave."""
+    import torch
+
+    if strategy.global_rank == 0:
+        try:
+            strategy.collective.all_reduce(torch.ones(1))
+        except CollectiveTimeoutError as exc:
+            return f"timeout:{exc.operation}"
+        return "completed"
+    time.sleep(wait)
+    return "away"
+
+
+def rank_value(strategy: Any, base: int) -> tuple[int, int]:
+    """Every rank's value, to check that results come back by global rank."""
+    return strategy.global_rank, base + strategy.global_rank * 10
+
+
+def raise_on_rank(strategy: Any, rank: int) -> None:
+    """``rank`` raises; the others wait at a barrier for it."""
+    if strategy.global_rank == rank:
+        raise ValueError(f"raised on purpose in rank {rank}")
+    strategy.barrier()
+
+
+def kill_on_rank(strategy: Any, rank: int) -> None:
+    """``rank`` is killed by SIGKILL; the others wait at a barrier for it."""
+    if strategy.global_rank == rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    strategy.barrier()
+
+
+# -- collectives -------------------------------------------------------------------
+
+
+class CollectiveSuite:
+    """The Collective contract for the collective named ``collective``.
+
+    Attributes:
+        collective: its name (required).
+        strategy: the strategy that carries it (``"ddp"``: DDP over your
+            collective).
+        launcher: how the ranks are made (``"spawn"``).
+        accelerator: ``"cpu"``; a GPU collective names its accelerator.
+        world_sizes: the worlds to run the contract in.
+        options: more keywords for :func:`phalanx.resolve` (a collective's
+            own options).
+        timeout: seconds of the collective's ``timeout`` in the timeout
+            test; ``None`` for a collective that cannot time out an
+            operation (say so in its docs).
+        hang_guard: seconds after which a test counts as hung.
+    """
+
+    collective: ClassVar[str] = ""
+    strategy: ClassVar[str] = "ddp"
+    launcher: ClassVar[str | None] = "spawn"
+    accelerator: ClassVar[str] = "cpu"
+    world_sizes: ClassVar[tuple[int, ...]] = (1, 2, 3)
+    options: ClassVar[Mapping[str, Any]] = {}
+    timeout: ClassVar[float | None] = 3.0
+    hang_guard: ClassVar[float] = 180.0
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "world_size" in metafunc.fixturenames:
+            metafunc.parametrize("world_size", self.world_sizes)
+
+    def resolve(self, devices: int, **options: Any) -> Any:
+        """The strategy the tests launch: your collective in it by name."""
+        import phalanx
+
+        if not self.collective:
+            raise pytest.UsageError(f"{type(self).__name__}: set collective = '<its name>'")
+        flags: dict[str, Any] = {**self.options, **options}
+        if self.launcher:
+            flags["launcher"] = self.launcher
+        return phalanx.resolve(
+            self.strategy, accelerator=self.accelerator, devices=devices, collective=self.collective, **flags
+        )
+
+    def test_the_contract(self, world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = self.resolve(world_size).launch(run_contract)
+        assert [r[0] for r in results] == list(range(world_size)), results
+        for rank, size, ran, unsupported in results:
+            assert size == world_size, f"rank {rank}: world_size {size}, expected {world_size}"
+            assert ran == _expected_checks(frozenset(unsupported)), f"rank {rank} ran {ran}"
+
+    def test_an_operation_that_times_out_says_which(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        if self.timeout is None:
+            pytest.skip(f"{type(self).__name__} declares timeout = None: the collective cannot time out")
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = self.resolve(2, timeout=self.timeout).launch(run_timeout, self.timeout * 3)
+        assert results[0] == "timeout:all_reduce", results
+
+
+# -- launchers ---------------------------------------------------------------------
+
+
+class LauncherSuite:
+    """The launch and failure contracts for the launcher named ``launcher``,
+    which must run functions (a launcher that re-runs a script needs a
+    script to test it; see phalanx-torch's ``subprocess`` tests).
+
+    Attributes:
+        launcher: its name (required).
+        strategy: the strategy it launches (``"ddp"``).
+        accelerator: ``"cpu"``.
+        num_processes: ranks per launch (2).
+        options: more keywords for :func:`phalanx.resolve`.
+        hang_guard: seconds after which a test counts as hung.
+    """
+
+    launcher: ClassVar[str] = ""
+    strategy: ClassVar[str] = "ddp"
+    accelerator: ClassVar[str] = "cpu"
+    num_processes: ClassVar[int] = 2
+    options: ClassVar[Mapping[str, Any]] = {}
+    hang_guard: ClassVar[float] = 180.0
+
+    def resolve(self) -> Any:
+        """The strategy the tests launch, with your launcher by name."""
+        import phalanx
+
+        if not self.launcher:
+            raise pytest.UsageError(f"{type(self).__name__}: set launcher = '<its name>'")
+        return phalanx.resolve(
+            self.strategy,
+            accelerator=self.accelerator,
+            devices=self.num_processes,
+            launcher=self.launcher,
+            **self.options,
+        )
+
+    def test_every_rank_value_comes_back_by_global_rank(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = self.resolve().launch(rank_value, 7)
+        assert results == [(r, 7 + r * 10) for r in range(self.num_processes)]
+
+    def test_a_rank_that_raises_fails_the_job_with_its_traceback(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        last = self.num_processes - 1
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
+            self.resolve().launch(raise_on_rank, last)
+        assert info.value.rank == last, info.value
+        assert f"raised on purpose in rank {last}" in (info.value.traceback or ""), info.value
+
+    def test_a_rank_killed_by_sigkill_fails_the_job(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        last = self.num_processes - 1
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
+            self.resolve().launch(kill_on_rank, last)
+        assert info.value.rank == last, info.value
+        assert info.value.signal == "SIGKILL" or info.value.exitcode in (-9, 137), info.value
+
+
+# -- environments ------------------------------------------------------------------
+
+
+class EnvironmentSuite:
+    """Detection and ranks of the environment named ``environment``.
+
+    Attributes:
+        environment: its name (required).
+        variables: what its scheduler sets in one rank's environment.
+        expected: what the environment must read from them: any of
+            ``world_size``, ``global_rank``, ``local_rank``, ``node_rank``,
+            ``main_address``, ``main_port``.
+        cleared: prefixes of variables removed first (other schedulers', so
+            that the test sees only ``variables``).
+    """
+
+    environment: ClassVar[str] = ""
+    variables: ClassVar[Mapping[str, str]] = {}
+    expected: ClassVar[Mapping[str, Any]] = {}
+    cleared: ClassVar[tuple[str, ...]] = (
+        "SLURM_",
+        "TORCHELASTIC_",
+        "OMPI_",
+        "PMI_",
+        "PMIX_",
+        "LSB_",
+        "JSM_",
+        "HOROVOD_",
+        "KUBEFLOW",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PHALANX_",
+    )
+
+    def _entry(self) -> Any:
+        import phalanx
+
+        if not self.environment or not self.variables:
+            raise pytest.UsageError(
+                f"{type(self).__name__}: set environment = '<name>' and variables = {{...}}"
+            )
+        return phalanx.Registry().get("environment", self.environment)
+
+    def _clear(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in list(os.environ):
+            if name.startswith(self.cleared):
+                monkeypatch.delenv(name)
+
+    def test_detected_under_its_variables_and_reads_them(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        entry = self._entry()
+        self._clear(monkeypatch)
+        for name, value in self.variables.items():
+            monkeypatch.setenv(name, value)
+        cls = entry.load()
+        assert cls.detect(), f"{self.environment}: detect() is false under {dict(self.variables)}"
+        environment = cls()
+        got = {key: getattr(environment, key) for key in self.expected}
+        assert got == dict(self.expected)
+        assert 0 <= environment.global_rank < environment.world_size
+        assert 0 <= environment.local_rank <= environment.global_rank
+
+    def test_not_detected_without_them(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        entry = self._entry()
+        self._clear(monkeypatch)
+        assert not entry.load().detect(), f"{self.environment}: detect() is true with no scheduler variables"
+
+    def test_the_registry_chooses_it_under_its_variables(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import phalanx
+
+        self._entry()
+        self._clear(monkeypatch)
+        for name, value in self.variables.items():
+            monkeypatch.setenv(name, value)
+        plan = phalanx.Registry().plan("auto", accelerator="cpu", devices=1, launcher="in_process")
+        assert plan.environment is not None
+        assert plan.environment.name == self.environment, plan.explain()
+
+
+# -- accelerators ------------------------------------------------------------------
+
+
+class AcceleratorSuite:
+    """Availability and devices of the accelerator named ``accelerator``.
+    On a machine without its hardware the suite checks the refusal (with
+    the reason); with it, the device parsing.
+
+    Attributes:
+        accelerator: its name (required).
+    """
+
+    accelerator: ClassVar[str] = ""
+
+    def _class(self) -> Any:
+        import phalanx
+
+        if not self.accelerator:
+            raise pytest.UsageError(f"{type(self).__name__}: set accelerator = '<its name>'")
+        return phalanx.Registry().get("accelerator", self.accelerator).load()
+
+    def test_availability_has_a_reason_and_is_kept(self) -> None:
+        cls = self._class()
+        availability = cls.availability()
+        assert isinstance(availability.available, bool)
+        if not availability.available:
+            assert availability.reason, f"{self.accelerator}: unavailable without a reason"
+            with pytest.raises(UnavailableError) as info:
+                cls()
+            assert availability.reason in str(info.value)
+            assert self.accelerator in str(info.value)
+            return
+        accelerator = cls()
+        assert cls.device_count() >= 1
+        assert len(accelerator.parallel_devices(1)) == 1
+        assert accelerator.parallel_devices("auto"), "devices='auto' gave no device"
+        assert accelerator.get_device(0) is not None
+
+    @pytest.mark.parametrize("devices", [0, -2, "x", [0, 0], 2.5])
+    def test_bad_devices_are_refused(self, devices: Any) -> None:
+        cls = self._class()
+        if not cls.availability().available:
+            with pytest.raises(UnavailableError):
+                cls()
+            return
+        with pytest.raises(MisconfigurationError) as info:
+            cls().parallel_devices(devices)
+        assert repr(devices) in str(info.value) or str(devices) in str(info.value), info.value
