@@ -1,0 +1,1 @@
+"""phalanx-horovod: Horovod parts for phalanx."""
