@@ -1,0 +1,40 @@
+"""phalanx-horovod's parts through the conformance suites of
+phalanx_core.testing.suites, with real horovod: ranks started by the
+``horovod`` launcher (horovod.runner.run over gloo) from this plain Python
+process."""
+
+from __future__ import annotations
+
+from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite
+
+
+class TestHorovodCollective(CollectiveSuite):
+    """The whole contract (send and recv checked to refuse), in worlds of
+    1, 2 and 3 ranks, and a timeout that names the operation."""
+
+    collective = "horovod"
+    strategy = "horovod"
+    launcher = "horovod"
+
+
+class TestHorovodCollectiveUnderDDP(CollectiveSuite):
+    """The composition: torch's DDP strategy carrying the horovod collective."""
+
+    collective = "horovod"
+    strategy = "ddp"
+    launcher = "horovod"
+    world_sizes = (2,)
+
+
+class TestHorovodLauncher(LauncherSuite):
+    launcher = "horovod"
+    strategy = "horovod"
+
+
+class TestHorovodLauncherUnderDDP(LauncherSuite):
+    """torch's own collective and DDP in the ranks horovod starts (the rank
+    protocol: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+
+    launcher = "horovod"
+    strategy = "ddp"
+    num_processes = 3
