@@ -9,6 +9,4 @@ from __future__ import annotations
 import os
 
 _asked = {name.strip() for name in os.environ.get("PHALANX_REAL_RUNS", "").split(",")}
-collect_ignore = (
-    [] if "xla" in _asked else ["test_conformance.py", "test_parts.py", "test_training.py"]
-)
+collect_ignore = [] if "xla" in _asked else ["test_conformance.py", "test_parts.py", "test_training.py"]

@@ -351,7 +351,11 @@ class XLACollective(Collective):
             out = stacked.clone()
         else:
             out = xm.all_to_all(
-                stacked, split_dimension=0, concat_dimension=0, split_count=n, pin_layout=_runtime.pin_layout()
+                stacked,
+                split_dimension=0,
+                concat_dimension=0,
+                split_count=n,
+                pin_layout=_runtime.pin_layout(),
             )
         return self._launch("all_to_all", out, self._rows(device), async_op)
 

@@ -81,13 +81,9 @@ class XLAStrategy(Strategy):
     def _average_gradients(self) -> None:
         import torch_xla.core.xla_model as xm
 
-        grads = [
-            p.grad for module in self._synced_modules for p in module.parameters() if p.grad is not None
-        ]
+        grads = [p.grad for module in self._synced_modules for p in module.parameters() if p.grad is not None]
         if grads:
-            xm.all_reduce(
-                xm.REDUCE_SUM, grads, scale=1.0 / self.world_size, pin_layout=_runtime.pin_layout()
-            )
+            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / self.world_size, pin_layout=_runtime.pin_layout())
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: Any, enabled: bool = True) -> Generator[None, None, None]:
