@@ -7,7 +7,7 @@ What maps to what:
   ``Max``, ``Product``, and ``Average`` for a floating-point ``"mean"``
   (an integer mean is a sum, then a floor division); ``"adasum"`` is
   Horovod's Adasum (floating point, the whole world, a power-of-2 number
-  of ranks).
+  of ranks, and Horovod running over MPI: refused otherwise).
 - ``all_gather``: ``hvd.allgather_async``; first dimensions may differ
   between ranks, as Horovod allows (their sizes travel with the data).
   ``gather`` is ``all_gather`` returning on ``dst`` only.
@@ -46,8 +46,10 @@ float32; int8/uint8/int16 reduce as int32.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -107,7 +109,10 @@ class HorovodCollective(Collective):
 
     ``setup()`` calls ``hvd.init()`` (with dynamic process sets, for
     :meth:`new_group`), or adopts Horovod already initialised by the user,
-    which it then never shuts down. Horovod finds its peers through what
+    which it then never shuts down. ``teardown()`` waits for every rank
+    (a barrier) before ``hvd.shutdown()``, which ends Horovod on every
+    rank, except on the way out of an exception, where shutting down at once
+    is what stops the peers, and after a timeout. Horovod finds its peers through what
     ``horovodrun`` / ``horovod.run`` (the ``horovod`` launcher) set in each
     rank; in processes another launcher made it would form a world of one,
     so ``setup`` refuses when Horovod's world is not the environment's.
@@ -133,6 +138,8 @@ class HorovodCollective(Collective):
         self._groups: Iterator[int] = itertools.count()
         self._sets: dict[tuple[int, ...], Any] = {}
         self._is_world = True
+        # Shared with the subgroups: after a timeout Horovod is unusable.
+        self._state: dict[str, bool] = {"timed_out": False}
 
     # -- life cycle -------------------------------------------------------
 
@@ -185,6 +192,18 @@ class HorovodCollective(Collective):
         if self._initialized:
             h = hvd()
             if self._owns:
+                if sys.exc_info()[0] is None and self._world_size > 1 and not self._state["timed_out"]:
+                    # Horovod's shutdown ends Horovod on every rank: wait for
+                    # the ranks still working (in a subgroup, say) first. On
+                    # the way out of an exception, shut down at once instead,
+                    # which fails the peers' pending operations (they do not
+                    # wait for a rank that left).
+                    from horovod.common.exceptions import HorovodInternalError
+
+                    with contextlib.suppress(
+                        HorovodInternalError
+                    ):  # a peer shut Horovod down: no one to wait for
+                        self.barrier()
                 h.shutdown()
             else:  # the user's Horovod stays; the sets made here go
                 for process_set in self._sets.values():
@@ -234,6 +253,7 @@ class HorovodCollective(Collective):
             delay = 0.0
             while not h.poll(handle):
                 if time.monotonic() > deadline:
+                    self._state["timed_out"] = True
                     raise CollectiveTimeoutError(
                         f"{operation}() on the 'horovod' collective did not complete within "
                         f"{self.timeout:g} s: a rank of the group {list(self._global_ranks)} did not call "
@@ -258,6 +278,13 @@ class HorovodCollective(Collective):
 
         name = check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=tensor.dtype is torch.bool)
         if name == "adasum":
+            if not hvd().mpi_enabled():
+                raise UnavailableError(
+                    "op='adasum' on the 'horovod' collective: Horovod runs Adasum over MPI only, and this "
+                    f"Horovod {'runs without MPI (gloo)' if hvd().mpi_built() else 'was built without MPI'}; "
+                    "build horovod with HOROVOD_WITH_MPI=1 and start the job with horovodrun --mpi, or "
+                    "use 'mean'"
+                )
             if not tensor.is_floating_point():
                 raise MisconfigurationError(
                     f"op='adasum' on a {tensor.dtype} tensor: Horovod's Adasum combines floating-point "
@@ -589,4 +616,5 @@ class HorovodCollective(Collective):
         group._rank = members.index(self._rank)
         group._world_size = len(members)
         group._global_ranks = members
+        group._state = self._state
         return group

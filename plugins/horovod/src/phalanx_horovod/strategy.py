@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from phalanx_core import MisconfigurationError, Strategy
+from phalanx_core import MisconfigurationError, Strategy, UnavailableError
 
 from ._hvd import hvd
 from .collective import HorovodCollective
@@ -119,6 +119,12 @@ class HorovodStrategy(Strategy):
             raise MisconfigurationError(
                 f"strategy 'horovod': gradient_predivide_factor={gradient_predivide_factor!r}; give a "
                 "positive number"
+            )
+        if op == "adasum" and not hvd().mpi_built():
+            raise UnavailableError(
+                "strategy 'horovod' with op='adasum': Horovod runs Adasum over MPI only, and this horovod "
+                "was built without MPI; build it with HOROVOD_WITH_MPI=1 (and start the job with "
+                "horovodrun --mpi), or use op='mean'"
             )
         if gradient_predivide_factor != 1.0 and op != "mean":
             raise MisconfigurationError(
