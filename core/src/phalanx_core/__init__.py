@@ -2,7 +2,7 @@
 plugin is written against. Depends on pluggy only; imports no backend."""
 
 from .accelerator import Accelerator, Availability, DevicesFlag, parse_device_indices
-from .checkpoint import CheckpointIO, TorchCheckpointIO
+from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
 from .collective import (
     DEFAULT_TIMEOUT,
     OPERATIONS,
@@ -74,6 +74,7 @@ __all__ = [
     "UnknownNameError",
     "Work",
     "WorkerFailedError",
+    "check_module_keys",
     "check_rank",
     "check_reduce_op",
     "hookimpl",

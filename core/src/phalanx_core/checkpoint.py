@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO"]
+from .errors import MisconfigurationError
+
+__all__ = ["CheckpointIO", "TorchCheckpointIO", "check_module_keys"]
 
 
 class CheckpointIO(ABC):
@@ -50,3 +53,19 @@ class TorchCheckpointIO(CheckpointIO):
             raise FileNotFoundError(f"no checkpoint file at {os.fspath(path)!r}")
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=weights_only)
         return state
+
+
+def check_module_keys(
+    path: str | os.PathLike[str], key: str, expected: Iterable[str], saved: Iterable[str]
+) -> None:
+    """Refuse a strict load whose saved module keys differ from the
+    module's: name the entry, what is missing and what is extra (before
+    anything is loaded, where torch's own error comes from deep inside
+    ``load_state_dict``, or on one rank only)."""
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise MisconfigurationError(
+            f"load_checkpoint({os.fspath(path)!r}): the module under {key!r} does not match the checkpoint: "
+            f"missing from the checkpoint: {missing or 'none'}; in the checkpoint, not in the module: "
+            f"{unexpected or 'none'}. Pass strict=False to load the keys both have"
+        )

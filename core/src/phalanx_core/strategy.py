@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .checkpoint import CheckpointIO, TorchCheckpointIO
+from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
 from .errors import MisconfigurationError
 
 if TYPE_CHECKING:
@@ -331,6 +331,8 @@ class Strategy:
             if hasattr(target, "load_state_dict"):
                 target = self.unwrap_module(target)
                 if _is_module(target):
+                    if strict:
+                        check_module_keys(path, key, target.state_dict(), value)
                     target.load_state_dict(value, strict=strict)
                 else:
                     target.load_state_dict(value)

@@ -202,7 +202,7 @@ def sharded_round_trip(strategy, path):
     other = strategy.setup(nn.Sequential(nn.Linear(4, 16)))
     try:
         strategy.load_checkpoint(path, {"model": other})
-    except RuntimeError as exc:
+    except MisconfigurationError as exc:
         errors.append(str(exc))
     # A value that is not plain data: refused by weights_only, like torch.load.
     unsafe = Path(path).parent / "unsafe"
@@ -237,7 +237,7 @@ def full_save(strategy, path):
     # A mismatch is every rank's error, though only rank 0 reads the file.
     try:
         strategy.load_checkpoint(path, {"model": strategy.setup(nn.Sequential(nn.Linear(4, 16)))})
-    except RuntimeError as exc:
+    except MisconfigurationError as exc:
         mismatch = str(exc)
     return rest, same, same_optimizer, {name: full(p) for name, p in model.named_parameters()}, mismatch
 

@@ -48,7 +48,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from phalanx_core import MisconfigurationError
+from phalanx_core import MisconfigurationError, check_module_keys
 
 from .strategies import TorchGroupStrategy
 
@@ -396,7 +396,7 @@ class FSDPStrategy(TorchGroupStrategy):
         for key, module in modules.items():
             template[key] = get_model_state_dict(module)
             if strict:
-                _check_module_keys(path, key, set(template[key]), {p[1] for p in saved if p[0] == key})
+                check_module_keys(path, key, set(template[key]), {p[1] for p in saved if p[0] == key})
             else:
                 names = {p[1] for p in saved if p[0] == key and len(p) == 2}
                 template[key] = {name: value for name, value in template[key].items() if name in names}
@@ -482,7 +482,7 @@ class FSDPStrategy(TorchGroupStrategy):
                     "give the key under which the module was saved"
                 )
             if strict:
-                _check_module_keys(path, key, set(get_model_state_dict(module)), set(layout[key]))
+                check_module_keys(path, key, set(get_model_state_dict(module)), set(layout[key]))
             set_model_state_dict(module, loaded.get(key, {}), options=options)
         for key, (optimizer, module) in optimizers.items():
             _check_group_sizes(path, key, layout[key], optimizer)  # on every rank: none is left waiting
@@ -776,16 +776,6 @@ def _present(
                 f"{sorted(present - {'precision'})}. Pass strict=False to load what is there"
             )
     return {key: value for key, value in state.items() if key in present}
-
-
-def _check_module_keys(path: str | os.PathLike[str], key: str, expected: set[str], saved: set[str]) -> None:
-    missing, unexpected = sorted(expected - saved), sorted(saved - expected)
-    if missing or unexpected:
-        raise RuntimeError(
-            f"load_checkpoint({os.fspath(path)!r}): the module under {key!r} does not match the checkpoint: "
-            f"missing from the checkpoint: {missing or 'none'}; in the checkpoint, not in the module: "
-            f"{unexpected or 'none'}. Pass strict=False to load the keys both have"
-        )
 
 
 class _LoadPlanner(DefaultLoadPlanner):

@@ -58,6 +58,12 @@ class TorchGroupStrategy(Strategy):
                 "group is made; call it from fn"
             )
 
+    def unwrap_module(self, module: Any) -> Any:
+        """The module inside a DistributedDataParallel wrapper (the one DDP
+        made, or under ``manual`` the user's own), so checkpoint keys are the
+        model's (no ``module.`` prefix) and load under every strategy."""
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
     def teardown(self) -> None:
         super().teardown()
         if self._torch_group is not None:
@@ -108,9 +114,6 @@ class DDPStrategy(TorchGroupStrategy):
         device_ids = [device.index] if isinstance(device, torch.device) and device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
 
-    def unwrap_module(self, module: Any) -> Any:
-        return module.module if isinstance(module, DistributedDataParallel) else module
-
     def no_backward_sync(self, module: Any, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """``module.no_sync()`` for a DDP module: backward accumulates local
         gradients without reducing them (the next synchronised backward
@@ -142,6 +145,9 @@ class ManualStrategy(TorchGroupStrategy):
       ``ckpt/`` with one file per rank, ``rank-00000.pt``, ... and
       :meth:`load_checkpoint` reads this rank's file back. With ``False``,
       rank 0 writes one file, as the other strategies do.
+      A module you wrapped in DDP yourself is saved as the module inside
+      it (no ``module.`` prefix), so a rank's file loads under every
+      strategy.
     - :meth:`no_backward_sync` on a module you wrapped in DDP is its
       ``no_sync()``; on anything else there is nothing phalanx synchronises,
       and it does nothing.
