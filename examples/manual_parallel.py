@@ -1,22 +1,32 @@
-"""Your own parallelism under the ``manual`` strategy: DDP on one part of the
-model, a hand-sharded layer on another.
+"""Your own parallelism under the ``manual`` strategy: a recommendation-style
+model whose embedding tables are sharded across the ranks by hand, lookups
+exchanged with all_to_all, and a dense part wrapped in DDP.
 
     python examples/manual_parallel.py --devices 2 --steps 40
+    python examples/manual_parallel.py --collective mpi --launcher mpirun   # phalanx-mpi
     phalanx run --strategy manual --accelerator cpu --devices 2 examples/manual_parallel.py
 
 phalanx gives the ranks, the processes, the collective and torch's default
 process group; this code places the modules on ``strategy.root_device`` and
-wraps them itself:
+wraps them itself, as in DLRM:
 
-- the trunk is replicated and wrapped in DistributedDataParallel;
-- the head is sharded by output columns: each rank holds ``OUT // world``
-  rows of its weight and computes its columns for every rank's batch, so
-  the weight is never whole on any rank. The rows of every rank's batch
-  are gathered, and their gradients summed back, through the strategy's
-  collective (``--collective mpi`` sends them over MPI while DDP's own
-  gradient reduction stays on torch's group).
+- ``TABLES`` embedding tables, table ``t`` held whole by one rank only
+  (table-wise sharding: rank ``r`` holds the tables ``t`` with
+  ``t * world // TABLES == r``), so no rank holds every table;
+- every rank has its own batch of (dense features, one id per table).
+  Each rank sends the ids of every table to the rank holding it
+  (``all_to_all``), looks up its tables for every rank's batch, and sends
+  the embeddings back (``all_to_all`` again). In backward the embeddings'
+  gradients travel the reverse way, so each table's gradient sums what
+  every rank's batch asked of it;
+- the dense part (an MLP over the dense features and the embeddings) is
+  replicated and wrapped in DistributedDataParallel.
 
-Each rank saves its own checkpoint file (``manual``'s default).
+Both exchanges go through the strategy's collective (``--collective mpi``
+sends them over MPI while DDP's gradient reduction stays on torch's group).
+With the same seeds, 1 rank on the whole batch and N ranks on its shares
+train to the same weights. Each rank saves its own checkpoint file
+(``manual``'s default): its tables.
 """
 
 from __future__ import annotations
@@ -29,90 +39,122 @@ from torch.nn.parallel import DistributedDataParallel
 
 import phalanx
 
-OUT = 8  # the head's output features, split across ranks
+TABLES = 4  # embedding tables, split across the ranks
+ROWS = 100  # ids per table
+DIM = 8  # embedding width
+BATCH = 64  # the global batch, split across the ranks
 
 
-class GatherRows(torch.autograd.Function):
-    """Every rank's rows, in rank order; backward sums each row's gradient
-    over the ranks and gives each rank its own rows' back."""
+def owner(table: int, world: int) -> int:
+    return table * world // TABLES
+
+
+class Exchange(torch.autograd.Function):
+    """``all_to_all`` through the strategy's collective, differentiable:
+    the gradient of what rank ``j`` sent goes back to rank ``j``."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, strategy) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, strategy, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         ctx.strategy = strategy
-        return torch.cat(strategy.all_gather(rows), dim=0)
+        return tuple(strategy.all_to_all([t.contiguous() for t in tensors]))
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        strategy = ctx.strategy
-        total = strategy.all_reduce(grad.contiguous().clone(), op="sum")
-        return total.chunk(strategy.world_size)[strategy.global_rank], None
+    def backward(ctx, *grads: torch.Tensor):  # type: ignore[override]
+        return (None, *ctx.strategy.all_to_all([g.contiguous() for g in grads]))
 
 
-class ShardedHead(torch.nn.Module):
-    """A Linear(32, OUT) whose output columns are split across the ranks."""
+class ShardedEmbeddings(torch.nn.Module):
+    """This rank's tables; ``forward(ids)`` gives every table's embeddings
+    of this rank's batch, whichever rank holds the table."""
 
     def __init__(self, strategy) -> None:
         super().__init__()
-        world = strategy.world_size
-        if OUT % world:
-            raise SystemExit(f"the head has {OUT} outputs, which {world} ranks cannot split evenly")
-        torch.manual_seed(100 + strategy.global_rank)  # each shard is its own
-        self.shard = torch.nn.Linear(32, OUT // world)
         self.strategy = strategy
+        world, rank = strategy.world_size, strategy.global_rank
+        self.tables_of = [[t for t in range(TABLES) if owner(t, world) == r] for r in range(world)]
+        tables = {}
+        for t in self.tables_of[rank]:
+            torch.manual_seed(1000 + t)  # a table is the same whichever rank holds it
+            tables[str(t)] = torch.nn.Embedding(ROWS, DIM)
+        self.tables = torch.nn.ModuleDict(tables)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.shard(GatherRows.apply(features, self.strategy))  # this rank's columns, every row
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [batch, TABLES]
+        mine = self.tables_of[self.strategy.global_rank]
+        # 1. every rank's ids for my tables: asked[j] is [rank j's batch, len(mine)]
+        asked = self.strategy.all_to_all([ids[:, tables] for tables in self.tables_of])
+        # 2. look them up, and send each rank its rows back: [batch, len(tables of j), DIM]
+        looked_up = [
+            torch.stack([self.tables[str(t)](asked_j[:, i]) for i, t in enumerate(mine)], dim=1)
+            for asked_j in asked
+        ]
+        got = Exchange.apply(self.strategy, *looked_up)
+        # 3. in table order: got[j] holds the tables of rank j, which come in order
+        return torch.cat(got, dim=1)  # [batch, TABLES, DIM]
 
 
-def make_data(rank: int, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(rank)
-    x = torch.randn(n, 8, generator=generator)
-    return x, torch.tanh(x @ torch.linspace(-1, 1, 8 * OUT).reshape(8, OUT))
+def make_dense() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4 + TABLES * DIM, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+def my_batch(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's share of one global batch: dense features, ids, target."""
+    generator = torch.Generator().manual_seed(7)
+    dense = torch.randn(BATCH, 4, generator=generator)
+    ids = torch.randint(0, ROWS, (BATCH, TABLES), generator=generator)
+    target = dense.sum(dim=1, keepdim=True) + torch.sin(ids.float()).sum(dim=1, keepdim=True)
+    share = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return dense[share], ids[share], target[share]
 
 
 def train(strategy, steps: int) -> dict[str, float]:
     rank, world, device = strategy.global_rank, strategy.world_size, strategy.root_device
-    torch.manual_seed(0)
-    trunk = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh()).to(device)
-    trunk = DistributedDataParallel(trunk) if world > 1 else trunk
-    head = ShardedHead(strategy).to(device)
-    trunk, head = strategy.setup(trunk), strategy.setup(head)  # manual: left as they are
-    optimizer = torch.optim.Adam([*trunk.parameters(), *head.parameters()], lr=0.01)
-    x, y = make_data(rank)
-    x, y = x.to(device), y.to(device)
-    targets = torch.cat(strategy.all_gather(y), dim=0)
-    columns = slice(rank * OUT // world, (rank + 1) * OUT // world)
+    if BATCH % world or world > TABLES:
+        raise SystemExit(f"{world} ranks cannot share {TABLES} tables and a batch of {BATCH} evenly")
+    dense = make_dense().to(device)
+    dense = DistributedDataParallel(dense) if world > 1 else dense
+    embeddings = ShardedEmbeddings(strategy).to(device)
+    dense, embeddings = strategy.setup(dense), strategy.setup(embeddings)  # manual: left as they are
+    optimizer = torch.optim.Adam([*dense.parameters(), *embeddings.parameters()], lr=0.02)
+    x, ids, y = (t.to(device) for t in my_batch(rank, world))
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
         with strategy.forward_context():
-            out = head(trunk(x))
-            loss = torch.nn.functional.mse_loss(out, targets[:, columns])
+            features = torch.cat([x, embeddings(ids).flatten(1)], dim=1)
+            loss = torch.nn.functional.mse_loss(dense(features), y)
         strategy.backward(loss)
+        # DDP averages the dense gradients over the ranks; a table's gradient
+        # arrives summed over every rank's batch: average it the same way.
+        for p in embeddings.parameters():
+            p.grad.div_(world)
         strategy.optimizer_step(optimizer)
-        total = strategy.all_reduce(loss.detach().clone(), op="mean")
-        losses.append(total.item())
+        losses.append(strategy.all_reduce(loss.detach().clone(), op="mean").item())
     with tempfile.TemporaryDirectory() as tmp:
         path = strategy.broadcast_object(tmp)  # rank 0's folder, for everyone
-        strategy.save_checkpoint(f"{path}/ckpt", {"head": head, "step": steps})
-        restored = ShardedHead(strategy)
-        assert strategy.load_checkpoint(f"{path}/ckpt", {"head": restored}) == {"step": steps}
-        assert torch.equal(restored.shard.weight, head.shard.weight.cpu())
+        strategy.save_checkpoint(f"{path}/ckpt", {"embeddings": embeddings, "step": steps})
+        restored = ShardedEmbeddings(strategy)
+        assert strategy.load_checkpoint(f"{path}/ckpt", {"embeddings": restored}) == {"step": steps}
+        for t, table in restored.tables.items():
+            assert torch.equal(table.weight, embeddings.tables[t].weight.cpu())
         strategy.barrier()
     strategy.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} after {steps} steps on {world} rank(s)")
-    return {"first": losses[0], "last": losses[-1], "shard_rows": head.shard.weight.shape[0]}
+    tables = {t: table.weight.detach().cpu() for t, table in embeddings.tables.items()}
+    return {"first": losses[0], "last": losses[-1], "tables": tables}
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, help="the number of ranks (default 2, or phalanx run's)")
     parser.add_argument("--collective", help="a collective name (default: torch over gloo)")
+    parser.add_argument("--launcher", help="a launcher name (default: spawn, or phalanx run's)")
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)
     flags = {"collective": args.collective} if args.collective else {}
     if not phalanx.under_run():
         devices = args.devices or 2
-        flags |= {"strategy": "manual", "accelerator": "cpu", "devices": devices, "launcher": "spawn"}
+        launcher = args.launcher or "spawn"
+        flags |= {"strategy": "manual", "accelerator": "cpu", "devices": devices, "launcher": launcher}
     elif args.devices:
         flags["devices"] = args.devices
     return phalanx.resolve(**flags).launch(train, args.steps)

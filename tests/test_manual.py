@@ -4,6 +4,7 @@ and wraps. Plus the ``deterministic`` option every strategy takes."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,21 @@ def test_the_manual_parallel_example_trains(devices):
     first, last = (float(x) for x in line.split("loss ")[1].split(" after")[0].split(" -> "))
     assert last < 0.3 * first
     assert line.endswith(f"on {devices} rank(s)")
+
+
+def test_the_hand_sharded_tables_train_like_one_process_on_the_whole_batch():
+    """Two ranks, each holding half the tables and exchanging lookups and
+    their gradients with all_to_all, reach the tables one rank reaches."""
+    spec = importlib.util.spec_from_file_location("manual_parallel", ROOT / "examples" / "manual_parallel.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    [one] = example.main(["--devices", "1", "--launcher", "fork", "--steps", "10"])
+    two = example.main(["--devices", "2", "--launcher", "fork", "--steps", "10"])
+    assert sorted(two[0]["tables"]) == ["0", "1"] and sorted(two[1]["tables"]) == ["2", "3"]
+    assert one["last"] < 0.5 * one["first"]
+    torch.testing.assert_close(two[0]["last"], one["last"], rtol=1e-5, atol=1e-6)
+    for table, weight in {**two[0]["tables"], **two[1]["tables"]}.items():
+        torch.testing.assert_close(weight, one["tables"][table], rtol=1e-5, atol=1e-6)
 
 
 def test_setup_leaves_modules_and_optimizers_as_they_are():
