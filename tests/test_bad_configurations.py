@@ -262,6 +262,12 @@ def test_an_interactive_session_gets_a_launcher_that_runs_there(call, words):
     )
     for word in words:
         assert word in done.stdout, done.stdout + done.stderr
+    # Code piped to the interpreter (python -) has no script either.
+    done = subprocess.run(
+        [sys.executable, "-"], input=code, capture_output=True, text=True, timeout=60, check=True
+    )
+    for word in words:
+        assert word in done.stdout, done.stdout + done.stderr
     ok = "phalanx.resolve('ddp_notebook', accelerator='cpu', devices=2).launcher.start_method"
     done = subprocess.run(
         [sys.executable, "-c", f"import phalanx\nprint({ok})"], capture_output=True, text=True, timeout=60

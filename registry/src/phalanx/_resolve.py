@@ -62,8 +62,14 @@ _PARTS = (Kind.ACCELERATOR, Kind.ENVIRONMENT, Kind.PRECISION, Kind.COLLECTIVE, K
 
 
 def _is_interactive() -> bool:
+    """A notebook or a REPL (``__main__`` has no file), or code read from
+    standard input (``python -``: its file is ``"<stdin>"``): nothing that
+    a new process could import or re-run."""
     main = sys.modules.get("__main__")
-    return main is not None and not hasattr(main, "__file__")
+    if main is None:
+        return False
+    file = getattr(main, "__file__", None)
+    return file is None or (file.startswith("<") and file.endswith(">"))
 
 
 def _spawn_bootstrapping() -> bool:
