@@ -74,6 +74,11 @@ __all__ = ["HorovodCollective"]
 
 #: Seconds between polls of a pending operation, at most.
 _POLL_MAX = 0.002
+#: Holds ``True`` once phalanx has initialised Horovod in this process. Horovod
+#: cannot be initialised again in a process that horovodrun started (its Gloo
+#: rendezvous happens once per process), so it stays initialised until the
+#: process exits (``hvd.init`` registers ``hvd.shutdown`` at exit).
+_INIT_HERE: set[bool] = set()
 
 
 class _HorovodWork(Work):
@@ -108,14 +113,19 @@ class HorovodCollective(Collective):
     what maps to what).
 
     ``setup()`` calls ``hvd.init()`` (with dynamic process sets, for
-    :meth:`new_group`), or adopts Horovod already initialised by the user,
-    which it then never shuts down. ``teardown()`` waits for every rank
-    (a barrier) before ``hvd.shutdown()``, which ends Horovod on every
-    rank, except on the way out of an exception, where shutting down at once
-    is what stops the peers, and after a timeout. Horovod finds its peers through what
-    ``horovodrun`` / ``horovod.run`` (the ``horovod`` launcher) set in each
-    rank; in processes another launcher made it would form a world of one,
-    so ``setup`` refuses when Horovod's world is not the environment's.
+    :meth:`new_group`), or uses the Horovod already initialised in this
+    process, by an earlier set-up or by the user. ``teardown()`` does not
+    shut Horovod down: under horovodrun a process cannot initialise Horovod
+    twice, so it stays up until the process exits, when ``hvd.shutdown``
+    (registered by ``hvd.init``) ends it on every rank. So that no rank
+    ends it under the others' feet, ``teardown()`` waits for every rank (a
+    barrier) where phalanx initialised Horovod, and removes the process
+    sets it added; on the way out of an exception it returns at once (the
+    process's exit then fails the peers' pending operations), and after a
+    timeout it shuts Horovod down. Horovod finds its peers only through
+    what ``horovodrun`` / ``horovod.run`` (the ``horovod`` launcher) set in
+    each rank; in processes another launcher made it would form a world of
+    one, so ``setup`` refuses when Horovod's world is not the environment's.
 
     Options:
         timeout: seconds an operation may take (polled; see the module).
@@ -165,16 +175,14 @@ class HorovodCollective(Collective):
         if self._initialized:
             return
         h = hvd()
-        if h.is_initialized():
-            self._owns = False
-        else:
+        if not h.is_initialized():
             h.init(process_sets="dynamic")
-            self._owns = True
+            _INIT_HERE.add(True)
+        # Horovod initialised by phalanx in this process (now or by an earlier
+        # set-up) is this collective's to manage; one the user initialised is not.
+        self._owns = bool(_INIT_HERE)
         size, rank = h.size(), h.rank()
         if size != environment.world_size or rank != environment.global_rank:
-            if self._owns:
-                h.shutdown()
-                self._owns = False
             raise MisconfigurationError(
                 f"collective 'horovod': Horovod's world here is rank {rank} of {size}, but the "
                 f"environment ({type(environment).__name__}) says rank {environment.global_rank} of "
@@ -187,30 +195,31 @@ class HorovodCollective(Collective):
         self._initialized = True
 
     def teardown(self) -> None:
-        if not self._is_world:
+        if not self._is_world or not self._initialized:
             return
-        if self._initialized:
-            h = hvd()
-            if self._owns:
-                if sys.exc_info()[0] is None and self._world_size > 1 and not self._state["timed_out"]:
-                    # Horovod's shutdown ends Horovod on every rank: wait for
-                    # the ranks still working (in a subgroup, say) first. On
-                    # the way out of an exception, shut down at once instead,
-                    # which fails the peers' pending operations (they do not
-                    # wait for a rank that left).
-                    from horovod.common.exceptions import HorovodInternalError
+        try:
+            self._leave()
+        finally:
+            self._sets.clear()
+            self._initialized = False
 
-                    with contextlib.suppress(
-                        HorovodInternalError
-                    ):  # a peer shut Horovod down: no one to wait for
-                        self.barrier()
-                h.shutdown()
-            else:  # the user's Horovod stays; the sets made here go
-                for process_set in self._sets.values():
-                    h.remove_process_set(process_set)
-        self._sets.clear()
-        self._owns = False
-        self._initialized = False
+    def _leave(self) -> None:
+        h = hvd()
+        if self._state["timed_out"]:
+            h.shutdown()  # unusable now (see CollectiveTimeoutError); the job should end
+            return
+        if sys.exc_info()[0] is not None:
+            return  # leaving on an exception: the process's exit shuts Horovod down, failing the peers
+        from horovod.common.exceptions import HorovodInternalError
+
+        # A peer that shut Horovod down (it failed) leaves no one to wait for.
+        with contextlib.suppress(HorovodInternalError):
+            if self._owns and self._world_size > 1:
+                # Horovod shuts down on every rank when one process exits:
+                # wait for the ranks still working (in a subgroup, say).
+                self.barrier()
+            for process_set in self._sets.values():
+                h.remove_process_set(process_set)
 
     @property
     def is_initialized(self) -> bool:

@@ -1,0 +1,58 @@
+"""The training example with real horovod on two processes:
+``python examples/train.py --strategy horovod --devices 2`` (the ``horovod``
+launcher starts the ranks) and the same script started by
+``horovodrun --gloo -np 2`` (the ranks run in place)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+ROOT = Path(__file__).resolve().parents[3]
+TRAIN = [sys.executable, str(ROOT / "examples" / "train.py"), "--strategy", "horovod", "--devices", "2"]
+LOSS = re.compile(r"loss (\d+\.\d+) -> (\d+\.\d+) after (\d+) steps")
+
+
+def run(command: list[str]) -> str:
+    tag = new_tag()
+    try:
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=scheduler_free_environment(**{TAG_VAR: tag}),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        left = reap(tag, grace=10)
+        assert not left, f"processes left behind (killed now): {left}"
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def losses(out: str) -> list[tuple[float, float, int]]:
+    return [(float(a), float(b), int(n)) for a, b, n in LOSS.findall(out)]
+
+
+def test_train_py_with_the_horovod_launcher():
+    found = losses(run([*TRAIN, "--steps", "30"]))
+    assert len(found) == 1, found  # printed on rank 0 only
+    first, last, steps = found[0]
+    assert steps == 30 and last < first / 2, found
+
+
+def test_train_py_under_horovodrun():
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    out = run(
+        [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", "--disable-cache", *TRAIN, "--steps", "30"]
+    )
+    found = losses(out)
+    assert len(found) == 1, out[-3000:]
+    first, last, steps = found[0]
+    assert steps == 30 and last < first / 2, found
