@@ -27,7 +27,7 @@ PEER_LOST = (
 def hvd() -> Any:
     """``horovod.torch``, or :class:`UnavailableError` saying how to install it."""
     try:
-        import horovod.torch as module
+        import horovod.torch as module  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError as exc:  # the registry checks `needs` first; this is for direct use
         raise UnavailableError(
             f"the 'horovod' parts (phalanx-horovod) need horovod with its PyTorch extension, which "

@@ -210,7 +210,7 @@ class HorovodCollective(Collective):
             return
         if sys.exc_info()[0] is not None:
             return  # leaving on an exception: the process's exit shuts Horovod down, failing the peers
-        from horovod.common.exceptions import HorovodInternalError
+        from horovod.common.exceptions import HorovodInternalError  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         # A peer that shut Horovod down (it failed) leaves no one to wait for.
         with contextlib.suppress(HorovodInternalError):
@@ -524,7 +524,18 @@ class HorovodCollective(Collective):
 
         return self._alltoall(send, [p.shape[0] for p in parts], "all_to_all", async_op, finish)
 
-    # send and recv: unsupported (see the module's docstring).
+    # send and recv: unsupported (see the module's docstring). Spelled out,
+    # as core's NonMember does, so that type checkers see them implemented.
+
+    def send(self, tensor: Any, dst: int, *, tag: int = 0) -> None:
+        """Not available: Horovod has no point-to-point operation (raises
+        :class:`~phalanx_core.UnavailableError`)."""
+        raise self._refusal("send")
+
+    def recv(self, tensor: Any, src: int, *, tag: int = 0) -> Any:
+        """Not available: Horovod has no point-to-point operation (raises
+        :class:`~phalanx_core.UnavailableError`)."""
+        raise self._refusal("recv")
 
     # -- object operations ---------------------------------------------------
 

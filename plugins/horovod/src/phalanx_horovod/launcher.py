@@ -108,13 +108,13 @@ class HorovodLauncher(Launcher):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if self._in_place:
             return [fn(*args, **kwargs)]
-        import horovod.runner
+        import horovod.runner  # type: ignore[import-not-found, import-untyped, unused-ignore]
         import torch.distributed as dist
 
         size = self.num_processes
         # The rendezvous of a torch group made beside Horovod's, hosted here
         # for the whole launch (see phalanx-torch's rank protocol).
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined, unused-ignore]
         protocol = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         with tempfile.TemporaryDirectory(prefix="phalanx-horovod-") as box:

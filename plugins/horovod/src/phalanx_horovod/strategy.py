@@ -31,7 +31,8 @@ class _WireFloat32:
 
         if tensor.dtype is torch.bfloat16:
             return tensor.to(torch.float32), torch.bfloat16
-        return self._inner.compress(tensor)
+        compressed: tuple[Any, Any] = self._inner.compress(tensor)
+        return compressed
 
     def decompress(self, tensor: Any, ctx: Any) -> Any:
         import torch
