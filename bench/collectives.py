@@ -8,11 +8,15 @@
 2. Launch to the first completed all_reduce, 2 ranks: ``phalanx.resolve(
    "ddp_spawn", devices=2).launch(fn)`` against ``torch.multiprocessing.spawn``
    + ``init_process_group``.
+   With mpi4py and mpirun: all_reduce of 1 float and of 16 MB in two ranks
+   started by the ``mpirun`` launcher, plain mpi4py (``Allreduce`` in place
+   on the tensor's buffer) against the ``mpi`` collective, with torch's gloo
+   group in the same ranks beside them; the ratio is phalanx / mpi4py.
 3. A rank's crash to the caller's error: time from the moment a rank raises
    to ``WorkerFailedError`` in the caller, for the spawn and subprocess
    launchers.
 
-Goals: every per-call ratio at most 1.05; launch at most 1.05x plain; crash
+Goals: every per-call ratio at most 1.05 (mpi: against mpi4py); launch at most 1.05x plain; crash
 to error under 5 s. This prints; it asserts nothing.
 """
 
@@ -58,23 +62,39 @@ def _per_call_rank(rank: int, port: int, iters: int, repeat: int, queue) -> None
         return out
 
     cases = [
-        (f"all_reduce {label}", numel, lambda t: dist.all_reduce(t), lambda t: coll.all_reduce(t))
+        (f"all_reduce {label}", numel, {"plain": lambda t: dist.all_reduce(t), "phalanx": coll.all_reduce})
         for label, numel in SIZES.items()
     ]
-    cases.append(("broadcast 1 float", 1, lambda t: dist.broadcast(t, 0), lambda t: coll.broadcast(t, 0)))
-    cases.append(("all_gather 1 float", 1, plain_all_gather, lambda t: coll.all_gather(t)))
+    cases.append(
+        (
+            "broadcast 1 float",
+            1,
+            {"plain": lambda t: dist.broadcast(t, 0), "phalanx": lambda t: coll.broadcast(t, 0)},
+        )
+    )
+    cases.append(("all_gather 1 float", 1, {"plain": plain_all_gather, "phalanx": coll.all_gather}))
+    results = _blocks(cases, iters, repeat, dist.barrier)
+    if rank == 0:
+        queue.put(results)
+    coll.teardown()
+    dist.destroy_process_group()
+
+
+def _blocks(cases, iters: int, repeat: int, barrier) -> dict[str, dict[str, float]]:
+    """Time each case's functions (``{label: fn}``) in blocks interleaved
+    ABBA (rotated for three), per-call medians and minimums."""
     results = {}
-    for name, numel, plain, ours in cases:
+    for name, numel, fns in cases:
         t = torch.ones(numel)
         n = iters if numel == 1 else max(5, iters // 20)
-        for fn in (plain, ours):  # warm up both
+        for fn in fns.values():  # warm up each
             for _ in range(3):
                 fn(t)
-        times: dict[str, list[float]] = {"plain": [], "phalanx": []}
+        times: dict[str, list[float]] = {key: [] for key in fns}
+        order = list(fns.items())
         for block in range(repeat):
-            pairs = (("plain", plain), ("phalanx", ours))
-            for key, fn in pairs if block % 2 == 0 else pairs[::-1]:  # ABBA: no order bias
-                dist.barrier()
+            for key, fn in order[block % len(order) :] + order[: block % len(order)]:
+                barrier()
                 start = time.perf_counter()
                 for _ in range(n):
                     fn(t)
@@ -83,10 +103,43 @@ def _per_call_rank(rank: int, port: int, iters: int, repeat: int, queue) -> None
             **{k: statistics.median(v) for k, v in times.items()},
             **{f"{k}_min": min(v) for k, v in times.items()},
         }
-    if rank == 0:
-        queue.put(results)
-    coll.teardown()
-    dist.destroy_process_group()
+    return results
+
+
+def _mpi_per_call_fn(strategy, iters: int, repeat: int) -> dict[str, dict[str, float]]:
+    """In each mpirun rank: plain mpi4py (blocking ``Allreduce`` in place on
+    the tensor's buffer), the ``mpi`` collective, and torch's gloo group
+    (which the ddp strategy made beside it)."""
+    from mpi4py import MPI
+
+    comm, coll = MPI.COMM_WORLD, strategy.collective
+    cases = [
+        (
+            f"all_reduce {label}",
+            numel,
+            {
+                "mpi4py": lambda t: comm.Allreduce(MPI.IN_PLACE, t.numpy(), MPI.SUM),
+                "phalanx": lambda t: coll.all_reduce(t),
+                "gloo": lambda t: dist.all_reduce(t),
+            },
+        )
+        for label, numel in SIZES.items()
+    ]
+    return _blocks(cases, iters, repeat, comm.Barrier)
+
+
+def mpi_per_call(iters: int, repeat: int) -> dict[str, dict[str, float]] | None:
+    """The mpi collective against plain mpi4py, in 2 ranks started by the
+    mpirun launcher; None where mpi4py or mpirun is missing."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("mpi4py") is None or shutil.which("mpirun") is None:
+        return None
+    import phalanx
+
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, collective="mpi", launcher="mpirun")
+    return strategy.launch(_mpi_per_call_fn, iters, repeat)[0]
 
 
 def added_python_work(number: int = 200_000) -> float:
@@ -201,13 +254,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--launch-repeat", type=int, default=5)
     parser.add_argument("--crash-repeat", type=int, default=3)
+    parser.add_argument("--no-mpi", action="store_true", help="skip the mpi collective's table")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     calls = per_call(args.iters, args.repeat)
+    mpi = None if args.no_mpi else mpi_per_call(args.iters, args.repeat)
     launches = launch_times(args.launch_repeat)
     crashes = crash_times(args.crash_repeat)
     added = added_python_work()
-    report = {"per_call": calls, "added_python_us": added, "launch": launches, "crash_to_error_s": crashes}
+    report = {
+        "per_call": calls,
+        "mpi_per_call": mpi,
+        "added_python_us": added,
+        "launch": launches,
+        "crash_to_error_s": crashes,
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -223,6 +284,26 @@ def main() -> None:
             f"{name:<22} {t['plain'] * 1e6:>10.1f} {t['phalanx'] * 1e6:>11.1f} {ratio:>13.3f} {best:>11.3f}"
         )
     print(f"Python work phalanx adds to a call, measured alone: {added:.2f} us")
+    worst_mpi = None
+    if mpi is None:
+        print(
+            "\nmpi: not measured (needs mpi4py and mpirun: pip install mpi4py; apt-get install openmpi-bin)"
+        )
+    else:
+        print("\nmpi, 2 ranks under the mpirun launcher; blocks rotated")
+        print(
+            f"{'per call':<22} {'mpi4py us':>10} {'phalanx us':>11} {'gloo us':>9} "
+            f"{'median ratio':>13} {'best ratio':>11}"
+        )
+        worst_mpi = 0.0
+        for name, t in mpi.items():
+            ratio = t["phalanx"] / t["mpi4py"]
+            best = t["phalanx_min"] / t["mpi4py_min"]
+            worst_mpi = max(worst_mpi, ratio)
+            print(
+                f"{name:<22} {t['mpi4py'] * 1e6:>10.1f} {t['phalanx'] * 1e6:>11.1f} {t['gloo'] * 1e6:>9.1f}"
+                f" {ratio:>13.3f} {best:>11.3f}"
+            )
     launch_ratio = launches["phalanx"] / launches["plain"]
     print(
         f"\nlaunch to first all_reduce: plain {launches['plain']:.3f} s, "
@@ -233,6 +314,11 @@ def main() -> None:
     print("\nverdict:")
     print(f"  [{'PASS' if worst <= 1.05 else 'FAIL'}] worst per-call median ratio {worst:.3f} (goal <= 1.05)")
     print(f"  [{'PASS' if launch_ratio <= 1.05 else 'FAIL'}] launch ratio {launch_ratio:.3f} (goal <= 1.05)")
+    if worst_mpi is not None:
+        verdict = "PASS" if worst_mpi <= 1.05 else "FAIL"
+        print(
+            f"  [{verdict}] mpi collective / plain mpi4py, worst median ratio {worst_mpi:.3f} (goal <= 1.05)"
+        )
     slowest = max(crashes.values())
     print(f"  [{'PASS' if slowest < 5 else 'FAIL'}] slowest crash to error {slowest:.2f} s (goal < 5 s)")
 

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument("--accelerator", help="an accelerator name (default: cpu, or phalanx run's)")
     parser.add_argument("--devices", help="N, -1, 'auto' or '0,2'")
     parser.add_argument("--precision", help="a precision name (default: 32-true)")
+    parser.add_argument("--collective", help="a collective name (default: the strategy's)")
+    parser.add_argument("--launcher", help="a launcher name (default: the strategy's)")
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k != "steps" and v is not None}

@@ -1,0 +1,62 @@
+"""A rank of the ``mpirun`` launcher: ``python -m phalanx_mpi._rank FOLDER``.
+
+Prepares itself as a spawned process (``FOLDER/prepare.pkl``: what
+:func:`multiprocessing.spawn.get_preparation_data` gives), reads
+``FOLDER/job.pkl`` (fn, args, kwargs), runs fn, and leaves
+``FOLDER/<rank>.pkl`` (the pickled result) or ``FOLDER/<rank>.err`` (JSON:
+the traceback and when it was raised) for the launching process, each
+written whole or not at all. A rank that raised exits with 1 at once,
+without MPI_Finalize, so that mpirun stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.spawn
+import os
+import pickle
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _write(path: Path, data: bytes) -> None:
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+def main(folder: Path) -> int:
+    rank = os.environ["OMPI_COMM_WORLD_RANK"]
+    os.environ["RANK"] = rank
+    os.environ["LOCAL_RANK"] = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", rank)
+    try:
+        # As a spawned process does: the parent's sys.path and working
+        # directory, and its main script imported as __mp_main__ (guarded
+        # code does not run), so that fn may come from the script.
+        multiprocessing.spawn.prepare(pickle.loads((folder / "prepare.pkl").read_bytes()))
+        fn, args, kwargs = pickle.loads((folder / "job.pkl").read_bytes())
+        result = pickle.dumps(fn(*args, **kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the rank exits 1
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        _write(folder / f"{rank}.err", json.dumps({"traceback": text, "time": time.time()}).encode())
+        sys.stderr.write(text)
+        return 1
+    _write(folder / f"{rank}.pkl", result)
+    return 0
+
+
+def _exit_failed() -> None:
+    """Leave without MPI_Finalize: mpi4py finalizes at exit, and finalizing
+    waits for the other ranks, which may be blocked in a collective this
+    rank never joins (a 3-rank job hung there). A rank that exits without
+    finalizing makes mpirun stop the others."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    if main(Path(sys.argv[1])) != 0:
+        _exit_failed()

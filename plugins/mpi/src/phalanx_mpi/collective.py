@@ -1,0 +1,517 @@
+"""The ``mpi`` collective: the phalanx Collective contract over mpi4py.
+
+Tensors cross through their buffers, without a copy: a contiguous CPU
+tensor is handed to MPI as the NumPy array that shares its memory
+(``tensor.numpy()``). Dtypes NumPy does not have travel as raw bits where
+nothing is computed on them (``bfloat16`` as ``int16``) and through a
+``float32`` copy where something is (a reduction). A bool tensor is reduced
+through a ``uint8`` view: ``"min"`` is a logical and, ``"max"`` a logical or.
+
+Every synchronous operation is MPI's non-blocking one (``Iallreduce``, ...)
+waited for with ``Test`` until the collective's timeout: MPI has no timeout
+of its own, and this is how an operation that a rank never joins raises
+:class:`~phalanx_core.CollectiveTimeoutError` instead of hanging. MPI cannot
+cancel a collective operation, so after a timeout this communicator is
+unusable: end the job (the error says so).
+
+Object operations use mpi4py's pickle-based lower-case calls; subgroups are
+communicator splits (``Comm.Split``), ranked in the parent's order.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from phalanx_core import (
+    CollectiveTimeoutError,
+    MisconfigurationError,
+    UnavailableError,
+)
+from phalanx_core.collective import (
+    REDUCE_OPS,
+    Collective,
+    NonMember,
+    Work,
+    check_rank,
+    check_reduce_op,
+)
+
+if TYPE_CHECKING:
+    from phalanx_core import Accelerator, ClusterEnvironment
+
+__all__ = ["MPICollective"]
+
+
+def _mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:  # the registry checks `needs` first; this is for direct use
+        raise UnavailableError(
+            "collective 'mpi' needs mpi4py and an MPI library: pip install mpi4py (and "
+            "apt-get install openmpi-bin)"
+        ) from exc
+    return MPI
+
+
+class _Request(Work):
+    """An MPI request, waited for with the collective's timeout; ``finish``
+    turns the finished buffers into what the synchronous call returns."""
+
+    def __init__(self, owner: MPICollective, operation: str, request: Any, finish: Callable[[], Any]) -> None:
+        self._owner = owner
+        self._operation = operation
+        self._request = request
+        self._finish: Callable[[], Any] | None = finish
+        self._result: Any = None
+
+    def wait(self) -> Any:
+        if self._finish is not None:
+            self._owner._wait(self._request, self._operation)
+            finish, self._finish = self._finish, None
+            self._result = finish()
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._finish is None or bool(self._request.Test())
+
+
+class MPICollective(Collective):
+    """The Collective contract over an MPI communicator (mpi4py), for CPU
+    tensors.
+
+    Args:
+        timeout: seconds an operation may take before it raises
+            :class:`~phalanx_core.CollectiveTimeoutError` (1800).
+
+    :meth:`setup` duplicates ``MPI.COMM_WORLD``: the processes must have been
+    started by ``mpirun`` (the ``mpirun`` launcher, or ``mpirun`` around the
+    script), and their number must be the environment's world size. A
+    process started alone is a world of one.
+    """
+
+    name: ClassVar[str] = "mpi"
+    reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
+
+    def __init__(self, *, timeout: float = 1800.0) -> None:
+        super().__init__(timeout=timeout)
+        self._comm: Any = None
+        self._owned = False
+        self._global_ranks: tuple[int, ...] = ()
+        self._stuck: list[Any] = []  # requests that timed out: MPI cannot cancel them
+
+    @classmethod
+    def _over(cls, comm: Any, global_ranks: tuple[int, ...], timeout: float) -> MPICollective:
+        group = cls(timeout=timeout)
+        group._comm, group._owned, group._global_ranks = comm, True, global_ranks
+        return group
+
+    # -- life cycle -----------------------------------------------------------
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        """CPU tensors only: MPI is not assumed to be CUDA-aware."""
+        if accelerator.name != "cpu":
+            raise MisconfigurationError(
+                f"collective 'mpi' moves CPU tensors, and accelerator {accelerator.name!r} puts them on "
+                f"{accelerator.name} devices; use accelerator='cpu', or collective='torch' (nccl on GPUs)"
+            )
+
+    def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
+        if self._comm is not None:
+            return
+        MPI = _mpi()
+        world = MPI.COMM_WORLD
+        if world.Get_size() != environment.world_size or world.Get_rank() != environment.global_rank:
+            raise MisconfigurationError(
+                f"collective 'mpi': MPI sees rank {world.Get_rank()} of {world.Get_size()} process(es), "
+                f"but the environment says rank {environment.global_rank} of {environment.world_size}. "
+                "MPI talks among processes mpirun started: use launcher='mpirun', or start the script "
+                "with mpirun -np N"
+            )
+        self._comm = world.Dup()
+        self._owned = True
+        self._global_ranks = tuple(range(world.Get_size()))
+
+    def teardown(self) -> None:
+        if self._comm is not None and self._owned and not self._stuck:
+            self._comm.Free()
+        self._comm = None
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._comm is not None
+
+    @property
+    def rank(self) -> int:
+        return int(self._live("rank").Get_rank())
+
+    @property
+    def world_size(self) -> int:
+        return int(self._live("world_size").Get_size())
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._global_ranks
+
+    def _live(self, operation: str) -> Any:
+        if self._comm is None:
+            raise MisconfigurationError(
+                f"collective 'mpi': {operation} before setup(); strategy.launch(fn) sets it up in each rank"
+            )
+        if self._stuck:
+            raise CollectiveTimeoutError(
+                f"{operation}() on the 'mpi' collective: an earlier operation timed out, and MPI cannot "
+                "cancel it, so this communicator is unusable; end the job",
+                operation=operation,
+                timeout=self.timeout,
+            )
+        return self._comm
+
+    def _wait(self, request: Any, operation: str) -> None:
+        # Test() drives MPI's progress, as a blocking call's wait loop does.
+        if request.Test():
+            return
+        deadline = time.monotonic() + self.timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                self._stuck.append(request)
+                raise CollectiveTimeoutError(
+                    f"{operation}() on the 'mpi' collective (rank {self._comm.Get_rank()} of "
+                    f"{self._comm.Get_size()}) did not complete within {self.timeout:g} s. A rank may have "
+                    "died, hung, or not called the same operation. MPI cannot cancel it: this "
+                    "communicator is unusable now; end the job",
+                    operation=operation,
+                    timeout=self.timeout,
+                )
+
+    def _run(self, operation: str, request: Any, finish: Callable[[], Any], async_op: bool) -> Any:
+        work = _Request(self, operation, request, finish)
+        return work if async_op else work.wait()
+
+    # -- buffers ------------------------------------------------------------------
+
+    @staticmethod
+    def _check_tensor(tensor: Any, operation: str) -> None:
+        import torch
+
+        if not isinstance(tensor, torch.Tensor):
+            raise MisconfigurationError(
+                f"{operation}(): expected a torch.Tensor, got {type(tensor).__name__}"
+            )
+        if tensor.device.type != "cpu":
+            raise MisconfigurationError(
+                f"{operation}(): collective 'mpi' moves CPU tensors, got one on {tensor.device}; "
+                "move it with .cpu(), or use collective='torch' for GPU tensors"
+            )
+
+    @staticmethod
+    def _raw(tensor: Any) -> Any:
+        """The NumPy array sharing ``tensor``'s memory, for moving bits."""
+        import torch
+
+        if tensor.dtype is torch.bool:
+            return tensor.view(torch.uint8).numpy()
+        if tensor.dtype is torch.bfloat16:  # NumPy has no bfloat16: its bits, as int16
+            return tensor.view(torch.int16).numpy()
+        return tensor.numpy()
+
+    @staticmethod
+    def _arith(tensor: Any) -> tuple[Any, Any]:
+        """A tensor MPI can compute on, sharing memory where it can, and the
+        tensor to copy the result back into (``None``: shared)."""
+        import torch
+
+        if tensor.dtype is torch.bool:
+            return tensor.view(torch.uint8), None
+        if tensor.dtype is torch.bfloat16:
+            return tensor.float(), tensor
+        return tensor, None
+
+    def _mpi_op(self, tensor: Any, op: str) -> tuple[str, Any]:
+        import torch
+
+        name = check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=tensor.dtype is torch.bool)
+        MPI = _mpi()
+        ops = {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
+        return name, ops[name]
+
+    def _mean(self, tensor: Any, name: str, size: int) -> None:
+        if name != "mean":
+            return
+        if tensor.dtype.is_floating_point:
+            tensor.div_(size)
+        else:
+            tensor.floor_divide_(size)
+
+    # -- operations ----------------------------------------------------------------
+
+    def barrier(self, *, async_op: bool = False) -> Work | None:
+        comm = self._live("barrier")
+        result = self._run("barrier", comm.Ibarrier(), lambda: None, async_op)
+        return result if async_op else None
+
+    def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False) -> Any:
+        comm = self._live("broadcast")
+        check_rank(src, comm.Get_size(), operation="broadcast", argument="src")
+        self._check_tensor(tensor, "broadcast")
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+
+        def finish() -> Any:
+            if buffer is not tensor:
+                tensor.copy_(buffer)
+            return tensor
+
+        return self._run("broadcast", comm.Ibcast(self._raw(buffer), root=src), finish, async_op)
+
+    def all_reduce(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        comm = self._live("all_reduce")
+        self._check_tensor(tensor, "all_reduce")
+        name, mpi_op = self._mpi_op(tensor, op)
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work, back = self._arith(buffer)
+        request = comm.Iallreduce(_mpi().IN_PLACE, work.numpy(), mpi_op)
+
+        def finish() -> Any:
+            self._mean(work, name, comm.Get_size())
+            _copy_back(tensor, buffer, work, back)
+            return tensor
+
+        return self._run("all_reduce", request, finish, async_op)
+
+    def reduce(self, tensor: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
+        comm = self._live("reduce")
+        check_rank(dst, comm.Get_size(), operation="reduce", argument="dst")
+        self._check_tensor(tensor, "reduce")
+        name, mpi_op = self._mpi_op(tensor, op)
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work, back = self._arith(buffer)
+        root = comm.Get_rank() == dst
+        if root:
+            request = comm.Ireduce(_mpi().IN_PLACE, work.numpy(), mpi_op, root=dst)
+        else:
+            request = comm.Ireduce(work.numpy(), None, mpi_op, root=dst)
+
+        def finish() -> Any:
+            if root:
+                self._mean(work, name, comm.Get_size())
+                _copy_back(tensor, buffer, work, back)
+            return tensor
+
+        return self._run("reduce", request, finish, async_op)
+
+    def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
+        import torch
+
+        comm = self._live("all_gather")
+        self._check_tensor(tensor, "all_gather")
+        size = comm.Get_size()
+        out = torch.empty((size, *tensor.shape), dtype=tensor.dtype)
+        request = comm.Iallgather(self._raw(tensor.contiguous()), self._raw(out))
+        return self._run("all_gather", request, lambda: list(out.unbind(0)), async_op)
+
+    def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
+        import torch
+
+        comm = self._live("gather")
+        size = comm.Get_size()
+        check_rank(dst, size, operation="gather", argument="dst")
+        self._check_tensor(tensor, "gather")
+        root = comm.Get_rank() == dst
+        out = torch.empty((size, *tensor.shape), dtype=tensor.dtype) if root else None
+        request = comm.Igather(self._raw(tensor.contiguous()), self._raw(out) if root else None, root=dst)
+        return self._run("gather", request, lambda: list(out.unbind(0)) if out is not None else [], async_op)
+
+    def scatter(
+        self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, async_op: bool = False
+    ) -> Any:
+        import torch
+
+        comm = self._live("scatter")
+        size = comm.Get_size()
+        check_rank(src, size, operation="scatter", argument="src")
+        self._check_tensor(tensor, "scatter")
+        root = comm.Get_rank() == src
+        send = None
+        if root:
+            if scatter_list is None or len(scatter_list) != size:
+                raise MisconfigurationError(
+                    f"scatter(): the source rank gives scatter_list with one tensor per rank ({size} "
+                    f"here), got {None if scatter_list is None else len(scatter_list)}"
+                )
+            send = self._raw(torch.stack([t.to(tensor.dtype) for t in scatter_list]).contiguous())
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+
+        def finish() -> Any:
+            if buffer is not tensor:
+                tensor.copy_(buffer)
+            return tensor
+
+        return self._run("scatter", comm.Iscatter(send, self._raw(buffer), root=src), finish, async_op)
+
+    def reduce_scatter(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        import torch
+
+        comm = self._live("reduce_scatter")
+        self._check_tensor(tensor, "reduce_scatter")
+        size = comm.Get_size()
+        if tensor.dim() == 0 or tensor.shape[0] % size:
+            raise MisconfigurationError(
+                f"reduce_scatter(): dim 0 of the tensor ({tuple(tensor.shape)}) must divide by the "
+                f"group's size ({size}): each rank gets an equal block"
+            )
+        name, mpi_op = self._mpi_op(tensor, op)
+        work, _ = self._arith(tensor.contiguous().clone())  # MPI reads it; the input stays as it is
+        out = work.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
+        request = comm.Ireduce_scatter_block(work.numpy(), out.numpy(), mpi_op)
+
+        def finish() -> Any:
+            self._mean(out, name, size)
+            return out.view(torch.bool) if tensor.dtype is torch.bool else out.to(tensor.dtype)
+
+        return self._run("reduce_scatter", request, finish, async_op)
+
+    def all_to_all(self, tensors: Sequence[Any], *, async_op: bool = False) -> Any:
+        import torch
+
+        comm = self._live("all_to_all")
+        size = comm.Get_size()
+        if len(tensors) != size:
+            raise MisconfigurationError(
+                f"all_to_all(): give one tensor per rank ({size} here), got {len(tensors)}"
+            )
+        for t in tensors:
+            self._check_tensor(t, "all_to_all")
+        if len({(tuple(t.shape), t.dtype) for t in tensors}) != 1:
+            raise MisconfigurationError("all_to_all(): the tensors must have one shape and dtype")
+        send = torch.stack(list(tensors)).contiguous()
+        out = torch.empty_like(send)
+        request = comm.Ialltoall(self._raw(send), self._raw(out))
+        return self._run("all_to_all", request, lambda: list(out.unbind(0)), async_op)
+
+    def send(self, tensor: Any, dst: int, *, tag: int = 0) -> None:
+        comm = self._live("send")
+        check_rank(dst, comm.Get_size(), operation="send", argument="dst")
+        if dst == comm.Get_rank():
+            raise MisconfigurationError(f"send(dst={dst}): a rank cannot send to itself")
+        self._check_tensor(tensor, "send")
+        self._wait(comm.Isend(self._raw(tensor.contiguous()), dest=dst, tag=tag), "send")
+
+    def recv(self, tensor: Any, src: int, *, tag: int = 0) -> Any:
+        comm = self._live("recv")
+        check_rank(src, comm.Get_size(), operation="recv", argument="src")
+        if src == comm.Get_rank():
+            raise MisconfigurationError(f"recv(src={src}): a rank cannot receive from itself")
+        self._check_tensor(tensor, "recv")
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self._wait(comm.Irecv(self._raw(buffer), source=src, tag=tag), "recv")
+        if buffer is not tensor:
+            tensor.copy_(buffer)
+        return tensor
+
+    # -- objects: pickled here, moved as bytes, through the same timeout ------------------
+    # (mpi4py's pickled lower-case calls have no non-blocking collective forms,
+    # so they could not time out: a size first, then the bytes.)
+
+    def _sync(self, operation: str, request: Any) -> None:
+        self._wait(request, operation)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        import numpy as np
+
+        comm = self._live("broadcast_object")
+        check_rank(src, comm.Get_size(), operation="broadcast_object", argument="src")
+        data = _dumps(obj) if comm.Get_rank() == src else b""
+        size = np.array([len(data)], dtype=np.int64)
+        self._sync("broadcast_object", comm.Ibcast(size, root=src))
+        buffer = np.frombuffer(data, dtype=np.uint8).copy() if data else np.empty(int(size[0]), np.uint8)
+        self._sync("broadcast_object", comm.Ibcast(buffer, root=src))
+        return obj if comm.Get_rank() == src else pickle.loads(buffer.tobytes())
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        import numpy as np
+
+        comm = self._live("all_gather_object")
+        data = np.frombuffer(_dumps(obj), dtype=np.uint8)
+        sizes = np.empty(comm.Get_size(), dtype=np.int64)
+        self._sync("all_gather_object", comm.Iallgather(np.array([data.size], np.int64), sizes))
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._sync("all_gather_object", comm.Iallgatherv(data, [out, sizes]))
+        return _split(out, sizes)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any]:
+        import numpy as np
+
+        comm = self._live("gather_object")
+        check_rank(dst, comm.Get_size(), operation="gather_object", argument="dst")
+        root = comm.Get_rank() == dst
+        data = np.frombuffer(_dumps(obj), dtype=np.uint8)
+        sizes = np.empty(comm.Get_size(), dtype=np.int64) if root else None
+        self._sync("gather_object", comm.Igather(np.array([data.size], np.int64), sizes, root=dst))
+        out = np.empty(int(sizes.sum()), dtype=np.uint8) if sizes is not None else None
+        self._sync("gather_object", comm.Igatherv(data, [out, sizes] if root else None, root=dst))
+        return _split(out, sizes) if out is not None and sizes is not None else []
+
+    def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
+        import numpy as np
+
+        comm = self._live("scatter_object")
+        size = comm.Get_size()
+        check_rank(src, size, operation="scatter_object", argument="src")
+        root = comm.Get_rank() == src
+        if root and (objs is None or len(objs) != size):
+            raise MisconfigurationError(
+                f"scatter_object(): the source rank gives one object per rank ({size} here), got "
+                f"{None if objs is None else len(objs)}"
+            )
+        parts = [_dumps(o) for o in objs] if root and objs is not None else []
+        sizes = np.array([len(b) for b in parts], dtype=np.int64) if root else None
+        mine = np.empty(1, dtype=np.int64)
+        self._sync("scatter_object", comm.Iscatter(sizes, mine, root=src))
+        send = [np.frombuffer(b"".join(parts), dtype=np.uint8), sizes] if root else None
+        buffer = np.empty(int(mine[0]), dtype=np.uint8)
+        self._sync("scatter_object", comm.Iscatterv(send, buffer, root=src))
+        return pickle.loads(buffer.tobytes())
+
+    # -- subgroups ------------------------------------------------------------------
+
+    def new_group(self, ranks: Sequence[int]) -> Collective:
+        comm = self._live("new_group")
+        size, me = comm.Get_size(), comm.Get_rank()
+        members = sorted(set(ranks))
+        if not members or len(members) != len(list(ranks)):
+            raise MisconfigurationError(
+                f"new_group({list(ranks)!r}): give each rank of the new group once, at least one"
+            )
+        for r in members:
+            check_rank(r, size, operation="new_group", argument="ranks")
+        MPI = _mpi()
+        member = me in members
+        sub = comm.Split(0 if member else MPI.UNDEFINED, key=me)  # collective over the parent
+        global_ranks = tuple(self._global_ranks[r] for r in members)
+        if not member:
+            return NonMember(global_ranks, parent=self.name, world_rank=self._global_ranks[me])
+        return MPICollective._over(sub, global_ranks, self.timeout)
+
+
+def _copy_back(tensor: Any, buffer: Any, work: Any, back: Any) -> None:
+    """After a reduction into ``work``: into ``buffer`` where ``work`` was a
+    float32 copy (``back``), and into ``tensor`` where ``buffer`` was a
+    contiguous copy of it."""
+    if back is not None:
+        buffer.copy_(work)
+    if buffer is not tensor:
+        tensor.copy_(buffer)
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _split(data: Any, sizes: Any) -> list[Any]:
+    out, at = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[at : at + n].tobytes()))
+        at += n
+    return out

@@ -1,0 +1,44 @@
+"""The mpirun launcher through the conformance kit (values by rank, a rank
+that raises, a rank killed by SIGKILL, nothing left behind), and its
+options."""
+
+from __future__ import annotations
+
+import pytest
+
+import phalanx
+from phalanx_core import MisconfigurationError
+from phalanx_core.testing.suites import LauncherSuite
+
+
+class TestMPIRunLauncher(LauncherSuite):
+    launcher = "mpirun"
+
+
+class TestMPIRunLauncherThreeRanksOverMPI(LauncherSuite):
+    launcher = "mpirun"
+    num_processes = 3
+    options = {"collective": "mpi"}  # noqa: RUF012 - the suite reads it
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"num_nodes": 2}, "num_nodes=2; for several nodes run `mpirun --hostfile"),
+        ({"mpirun_args": "--verbose"}, "mpirun_args='--verbose'; give a list of strings"),
+    ],
+)
+def test_options_are_checked(options, words, monkeypatch):
+    monkeypatch.setenv("NODE_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(MisconfigurationError) as info:
+        phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="mpirun", **options)
+    assert words in str(info.value)
+
+
+def test_a_missing_mpirun_is_unavailable_with_what_to_install():
+    strategy = phalanx.resolve(
+        "ddp", accelerator="cpu", devices=2, launcher="mpirun", mpirun="no-such-mpirun"
+    )
+    with pytest.raises(phalanx.UnavailableError, match=r"'no-such-mpirun' is not on PATH.*openmpi-bin"):
+        strategy.launch(int)
