@@ -525,14 +525,15 @@ class HorovodCollective(Collective):
         return self._alltoall(send, [p.shape[0] for p in parts], "all_to_all", async_op, finish)
 
     # send and recv: unsupported (see the module's docstring). Spelled out,
-    # as core's NonMember does, so that type checkers see them implemented.
+    # as core's NonMember does, so that type checkers see them implemented;
+    # they refuse whatever they are given, as the base's refusals do.
 
-    def send(self, tensor: Any, dst: int, *, tag: int = 0) -> None:
+    def send(self, *args: Any, **kwargs: Any) -> None:
         """Not available: Horovod has no point-to-point operation (raises
         :class:`~phalanx_core.UnavailableError`)."""
         raise self._refusal("send")
 
-    def recv(self, tensor: Any, src: int, *, tag: int = 0) -> Any:
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
         """Not available: Horovod has no point-to-point operation (raises
         :class:`~phalanx_core.UnavailableError`)."""
         raise self._refusal("recv")
