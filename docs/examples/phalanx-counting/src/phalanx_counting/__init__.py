@@ -1,0 +1,1 @@
+"""A phalanx collective that counts every operation and the bytes it moves."""

@@ -1,0 +1,84 @@
+"""The plugin author's guide (docs/content/publish.md) is real: its example
+package, docs/examples/phalanx-counting (the page shows these very files),
+is copied to an empty folder, built and installed with pip into a temporary
+site folder, and then, as its author and its users would:
+
+- ``phalanx list`` shows its collective, from its distribution;
+- a 2-rank job chooses it by name (and by qualified name);
+- the author's own test file runs the conformance suite on it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx_core.testing.processes import scheduler_free_environment
+
+pytestmark = pytest.mark.subprocess
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "phalanx-counting"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The example package built and installed by pip into a site folder;
+    the environment that puts it on the path."""
+    root = tmp_path_factory.mktemp("author")
+    project = root / "phalanx-counting"
+    shutil.copytree(EXAMPLE, project)
+    site = root / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (site / "phalanx_counting-0.1.0.dist-info" / "entry_points.txt").is_file()
+    env = scheduler_free_environment()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return project, env
+
+
+def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    assert done.returncode == 0, f"$ {' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def test_phalanx_list_shows_the_collective_from_its_distribution(installed):
+    project, env = installed
+    out = run([sys.executable, "-m", "phalanx", "list"], env, project)
+    [row] = [line for line in out.splitlines() if line.split()[:2] == ["collective", "counting"]]
+    assert "phalanx-counting 0.1.0" in row and "yes" in row.split()
+
+
+def test_a_two_rank_job_uses_it_by_name(installed):
+    project, env = installed
+    out = run([sys.executable, "tests/job.py"], env, project)
+    for rank in (0, 1):
+        [line] = [line for line in out.splitlines() if line.startswith(f"{rank} ")]
+        assert "'CountingCollective', [2.0, 2.0, 2.0, 2.0]" in line
+        assert "'all_reduce': 1" in line and "{'all_reduce': 16}" in line
+
+
+def test_the_qualified_name_resolves_to_it(installed):
+    project, env = installed
+    code = (
+        "import phalanx\n"
+        "s = phalanx.resolve('ddp_fork', accelerator='cpu', devices=2, collective='phalanx-counting:counting')\n"
+        "print(type(s.collective).__name__)\n"
+    )
+    assert run([sys.executable, "-c", code], env, project).strip() == "CountingCollective"
+
+
+def test_the_authors_conformance_suite_passes(installed):
+    project, env = installed
+    out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env, project)
+    assert "4 passed" in out
