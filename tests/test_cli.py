@@ -94,3 +94,18 @@ def test_bad_usage_exits_with_argparse_code():
     with pytest.raises(SystemExit) as info:
         run("list", "--kind", "gpu")
     assert info.value.code == 2
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``phalanx list | head -1``: the reader has gone when phalanx writes
+    (here: before); the command ends quietly with the shell's SIGPIPE code."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    process.stdout.close()  # no reader left
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 141
+    assert "Traceback" not in stderr, stderr

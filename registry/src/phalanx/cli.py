@@ -242,6 +242,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except PhalanxError as exc:
         print(f"phalanx {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `phalanx list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
     return code
 
 
