@@ -21,6 +21,8 @@ from phalanx_core import MisconfigurationError, NotInGroupError, UnavailableErro
 from phalanx_core.collective import Work
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 
+pytestmark = pytest.mark.subprocess
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

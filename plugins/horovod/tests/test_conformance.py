@@ -5,7 +5,11 @@ process."""
 
 from __future__ import annotations
 
+import pytest
+
 from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite
+
+pytestmark = pytest.mark.subprocess
 
 
 class TestHorovodCollective(CollectiveSuite):

@@ -17,6 +17,8 @@ import pytest
 from phalanx_core.testing.contract import CHECKS
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
 
+pytestmark = pytest.mark.subprocess
+
 JOB = Path(__file__).parent / "jobs" / "under_horovodrun.py"
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 

@@ -15,6 +15,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.subprocess
+
 HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 PARTS = (("collective", "horovod"), ("launcher", "horovod"), ("strategy", "horovod"))
 

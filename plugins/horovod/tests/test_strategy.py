@@ -21,6 +21,8 @@ import phalanx
 from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 
+pytestmark = pytest.mark.subprocess
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+pytestmark = pytest.mark.subprocess
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = [sys.executable, str(ROOT / "examples" / "train.py"), "--strategy", "horovod", "--devices", "2"]
