@@ -60,3 +60,45 @@ def test_train_py_under_horovodrun():
     assert len(found) == 1, out[-3000:]
     first, last, steps = found[0]
     assert steps == 30 and last < first / 2, found
+
+
+def test_phalanx_run_with_the_horovod_strategy():
+    """``phalanx run`` starts the ranks through horovodrun (the launcher's
+    run_script); in each, the script's resolve() takes run's flags."""
+    run_ = [sys.executable, "-m", "phalanx", "run", "--strategy", "horovod", "--accelerator", "cpu"]
+    out = run([*run_, "--devices", "2", str(ROOT / "examples" / "train.py"), "--steps", "30"])
+    found = losses(out)
+    assert len(found) == 1, out[-3000:]
+    first, last, steps = found[0]
+    assert steps == 30 and last < first / 2, found
+    assert "[0]<stdout>:" in out
+
+
+def test_phalanx_run_names_the_failing_rank(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import phalanx\n"
+        "def fn(strategy):\n"
+        "    if strategy.global_rank == 1:\n"
+        "        raise ValueError('raised on purpose in rank 1')\n"
+        "    strategy.barrier()\n"
+        "phalanx.resolve().launch(fn)\n"
+    )
+    tag = new_tag()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "phalanx", "run", "--strategy", "horovod", "--accelerator", "cpu",
+             "--devices", "2", str(script)],
+            cwd=ROOT,
+            env=scheduler_free_environment(**{TAG_VAR: tag}),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )  # fmt: skip
+    finally:
+        left = reap(tag, grace=10)
+        assert not left, f"processes left behind (killed now): {left}"
+    assert done.returncode != 0
+    assert "raised on purpose in rank 1" in done.stdout + done.stderr
+    assert "phalanx run: rank 1 " in done.stderr, done.stderr[-2000:]

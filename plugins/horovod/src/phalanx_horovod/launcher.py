@@ -9,6 +9,8 @@ import os
 import pickle
 import re
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -139,6 +141,40 @@ class HorovodLauncher(Launcher):
                 del store
         return list(results)
 
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run a Python program as every rank's main program (``phalanx
+        run``): ``horovodrun --gloo -np N`` starts ``python *command`` on
+        this machine, and Horovod prefixes each output line with its rank
+        (``[0]<stdout>:``); under horovodrun the program runs in this
+        process. A failing rank stops the others and raises
+        :class:`~phalanx_core.WorkerFailedError` naming the rank Horovod
+        saw exit first, with its exit code (its traceback is in its output,
+        marked with its rank)."""
+        command = list(command)
+        if self._in_place:
+            _run_program(command)
+            return
+        size = self.num_processes
+        horovodrun = [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(size)]
+        horovodrun += ["-H", f"localhost:{size}", "--disable-cache"]
+        horovodrun += ["--start-timeout", str(self.start_timeout)]
+        if self.verbose:
+            horovodrun.append("--verbose")
+        with subprocess.Popen(
+            [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True
+        ) as proc:
+            said: list[str] = []
+            for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
+                sys.stderr.write(line)
+                said.append(line)
+                del said[:-50]
+            code = proc.wait()
+        if code == 0:
+            return
+        found = _HOROVOD_FIRST.search("".join(said))
+        rank, exitcode = (int(found.group(1)), int(found.group(2))) if found else (0, None)
+        raise _worker_failed(_Failed(rank, None, 0.0), exitcode, size, where="its output above")
+
 
 def _rank(
     box: str, protocol: Mapping[str, str], fn: Callable[..., Any], args: Sequence[Any], kwargs: Any
@@ -225,7 +261,12 @@ def _signal_of(code: int | None) -> str | None:
         return None
 
 
-def _worker_failed(first: _Failed, exitcode: int | None, size: int) -> WorkerFailedError:
+def _worker_failed(
+    first: _Failed,
+    exitcode: int | None,
+    size: int,
+    where: str = "its own output above, prefixed with its rank",
+) -> WorkerFailedError:
     sig = _signal_of(exitcode)
     if sig is not None:
         how = f"killed by {sig} (exit code {exitcode})"
@@ -251,10 +292,32 @@ def _worker_failed(first: _Failed, exitcode: int | None, size: int) -> WorkerFai
         )
     else:
         todo = (
-            "It left no Python traceback (killed, a crash in native code, or an exit without raising); "
-            "its own output above, prefixed with its rank by Horovod, may say why"
+            "It left no Python traceback here (killed, a crash in native code, an exit without raising, "
+            f"or a program whose traceback is in its output); {where} may say why"
         )
     lines.append(f"Horovod stopped every other rank. {todo}.")
     return WorkerFailedError(
         "\n".join(lines), rank=first.rank, exitcode=exitcode, signal=sig, traceback=first.traceback
     )
+
+
+def _run_program(command: list[str]) -> None:
+    """``python *command`` in this process (a script, or ``-m module``)."""
+    import runpy
+
+    saved = sys.argv
+    try:
+        if command[:1] == ["-m"]:
+            if len(command) < 2:
+                raise MisconfigurationError("phalanx run -m: name the module to run")
+            sys.argv = [command[1], *command[2:]]
+            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(command[0])
+            if not os.path.exists(script):
+                raise MisconfigurationError(f"phalanx run: no script at {command[0]!r}")
+            sys.argv = list(command)
+            sys.path.insert(0, os.path.dirname(script))
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = saved
