@@ -72,13 +72,15 @@ if TYPE_CHECKING:
 
 __all__ = ["HorovodCollective"]
 
-#: Seconds between polls of a pending operation, at most.
-_POLL_MAX = 0.002
-#: Holds ``True`` once phalanx has initialised Horovod in this process. Horovod
-#: cannot be initialised again in a process that horovodrun started (its Gloo
-#: rendezvous happens once per process), so it stays initialised until the
-#: process exits (``hvd.init`` registers ``hvd.shutdown`` at exit).
-_INIT_HERE: set[bool] = set()
+#: Seconds a pending operation is polled without sleeping (yielding only, as
+#: Horovod's own ``synchronize`` waits), then seconds between polls.
+_SPIN = 0.05
+_POLL_SLEEP = 0.001
+#: Whether phalanx initialised Horovod in this process. Horovod cannot be
+#: initialised again in a process that horovodrun started (its Gloo rendezvous
+#: happens once per process), so it stays initialised until the process exits
+#: (``hvd.init`` registers ``hvd.shutdown`` at exit).
+_initialised_here = False
 
 
 class _HorovodWork(Work):
@@ -174,13 +176,14 @@ class HorovodCollective(Collective):
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         if self._initialized:
             return
+        global _initialised_here
         h = hvd()
         if not h.is_initialized():
             h.init(process_sets="dynamic")
-            _INIT_HERE.add(True)
+            _initialised_here = True
         # Horovod initialised by phalanx in this process (now or by an earlier
         # set-up) is this collective's to manage; one the user initialised is not.
-        self._owns = bool(_INIT_HERE)
+        self._owns = _initialised_here
         size, rank = h.size(), h.rank()
         if size != environment.world_size or rank != environment.global_rank:
             raise MisconfigurationError(
@@ -258,10 +261,11 @@ class HorovodCollective(Collective):
         """Poll ``handle`` until it is done or the timeout passes."""
         h = hvd()
         if not h.poll(handle):
-            deadline = time.monotonic() + self.timeout
-            delay = 0.0
+            start = time.monotonic()
+            deadline = start + self.timeout
             while not h.poll(handle):
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     self._state["timed_out"] = True
                     raise CollectiveTimeoutError(
                         f"{operation}() on the 'horovod' collective did not complete within "
@@ -272,8 +276,7 @@ class HorovodCollective(Collective):
                         operation=operation,
                         timeout=self.timeout,
                     )
-                time.sleep(delay)
-                delay = min(_POLL_MAX, delay * 2 or 0.00005)
+                time.sleep(0.0 if now - start < _SPIN else _POLL_SLEEP)
         return h.synchronize(handle)
 
     def _run(
