@@ -20,7 +20,10 @@ communicator splits (``Comm.Split``), ranked in the parent's order.
 
 from __future__ import annotations
 
+import functools
+import os
 import pickle
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,7 +48,19 @@ if TYPE_CHECKING:
 __all__ = ["MPICollective"]
 
 
+#: Open MPI's non-blocking all-reduce (libnbc) picks a binomial tree by
+#: default, 2.5x slower than the blocking call for 16 MB over 2 ranks here;
+#: Rabenseifner's algorithm matches the blocking call at every size measured.
+#: Set before MPI starts (importing mpi4py.MPI), unless the user set it.
+_LIBNBC_DEFAULTS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3"}
+
+
+@functools.cache
 def _mpi() -> Any:
+    """mpi4py's MPI, imported once (this runs on every operation)."""
+    if "mpi4py.MPI" not in sys.modules:
+        for name, value in _LIBNBC_DEFAULTS.items():
+            os.environ.setdefault(name, value)
     try:
         from mpi4py import MPI
     except ImportError as exc:  # the registry checks `needs` first; this is for direct use
@@ -54,6 +69,44 @@ def _mpi() -> Any:
             "apt-get install openmpi-bin)"
         ) from exc
     return MPI
+
+
+@functools.cache
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@functools.cache
+def _datatypes() -> dict[Any, Any]:
+    torch, MPI = _torch(), _mpi()
+    return {
+        torch.float32: MPI.FLOAT,
+        torch.float64: MPI.DOUBLE,
+        torch.int64: MPI.INT64_T,
+        torch.int32: MPI.INT32_T,
+        torch.int16: MPI.INT16_T,
+        torch.int8: MPI.INT8_T,
+        torch.uint8: MPI.UINT8_T,
+    }
+
+
+def _reduce_buffer(work: Any) -> Any:
+    """A buffer over ``work``'s memory for a reduction: its address and MPI
+    datatype (1.3 us less per call than ``work.numpy()``), or the NumPy view
+    for other dtypes. It does not keep ``work`` alive: the caller's
+    ``finish`` holds it until the request completes."""
+    datatype = _datatypes().get(work.dtype)
+    if datatype is None or not work.numel():
+        return work.numpy()
+    return [_mpi().buffer.fromaddress(work.data_ptr(), work.nbytes), datatype]
+
+
+@functools.cache
+def _ops() -> dict[str, Any]:
+    MPI = _mpi()
+    return {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
 
 
 class _Request(Work):
@@ -187,20 +240,22 @@ class MPICollective(Collective):
                 )
 
     def _run(self, operation: str, request: Any, finish: Callable[[], Any], async_op: bool) -> Any:
-        work = _Request(self, operation, request, finish)
-        return work if async_op else work.wait()
+        if async_op:
+            return _Request(self, operation, request, finish)
+        self._wait(request, operation)
+        return finish()
 
     # -- buffers ------------------------------------------------------------------
 
     @staticmethod
     def _check_tensor(tensor: Any, operation: str) -> None:
-        import torch
+        torch = _torch()
 
         if not isinstance(tensor, torch.Tensor):
             raise MisconfigurationError(
                 f"{operation}(): expected a torch.Tensor, got {type(tensor).__name__}"
             )
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             raise MisconfigurationError(
                 f"{operation}(): collective 'mpi' moves CPU tensors, got one on {tensor.device}; "
                 "move it with .cpu(), or use collective='torch' for GPU tensors"
@@ -209,7 +264,7 @@ class MPICollective(Collective):
     @staticmethod
     def _raw(tensor: Any) -> Any:
         """The NumPy array sharing ``tensor``'s memory, for moving bits."""
-        import torch
+        torch = _torch()
 
         if tensor.dtype is torch.bool:
             return tensor.view(torch.uint8).numpy()
@@ -221,7 +276,7 @@ class MPICollective(Collective):
     def _arith(tensor: Any) -> tuple[Any, Any]:
         """A tensor MPI can compute on, sharing memory where it can, and the
         tensor to copy the result back into (``None``: shared)."""
-        import torch
+        torch = _torch()
 
         if tensor.dtype is torch.bool:
             return tensor.view(torch.uint8), None
@@ -230,12 +285,10 @@ class MPICollective(Collective):
         return tensor, None
 
     def _mpi_op(self, tensor: Any, op: str) -> tuple[str, Any]:
-        import torch
+        torch = _torch()
 
         name = check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=tensor.dtype is torch.bool)
-        MPI = _mpi()
-        ops = {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
-        return name, ops[name]
+        return name, _ops()[name]
 
     def _mean(self, tensor: Any, name: str, size: int) -> None:
         if name != "mean":
@@ -271,7 +324,7 @@ class MPICollective(Collective):
         name, mpi_op = self._mpi_op(tensor, op)
         buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
         work, back = self._arith(buffer)
-        request = comm.Iallreduce(_mpi().IN_PLACE, work.numpy(), mpi_op)
+        request = comm.Iallreduce(_mpi().IN_PLACE, _reduce_buffer(work), mpi_op)
 
         def finish() -> Any:
             self._mean(work, name, comm.Get_size())
@@ -289,9 +342,9 @@ class MPICollective(Collective):
         work, back = self._arith(buffer)
         root = comm.Get_rank() == dst
         if root:
-            request = comm.Ireduce(_mpi().IN_PLACE, work.numpy(), mpi_op, root=dst)
+            request = comm.Ireduce(_mpi().IN_PLACE, _reduce_buffer(work), mpi_op, root=dst)
         else:
-            request = comm.Ireduce(work.numpy(), None, mpi_op, root=dst)
+            request = comm.Ireduce(_reduce_buffer(work), None, mpi_op, root=dst)
 
         def finish() -> Any:
             if root:
@@ -302,7 +355,7 @@ class MPICollective(Collective):
         return self._run("reduce", request, finish, async_op)
 
     def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
-        import torch
+        torch = _torch()
 
         comm = self._live("all_gather")
         self._check_tensor(tensor, "all_gather")
@@ -312,7 +365,7 @@ class MPICollective(Collective):
         return self._run("all_gather", request, lambda: list(out.unbind(0)), async_op)
 
     def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
-        import torch
+        torch = _torch()
 
         comm = self._live("gather")
         size = comm.Get_size()
@@ -326,7 +379,7 @@ class MPICollective(Collective):
     def scatter(
         self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, async_op: bool = False
     ) -> Any:
-        import torch
+        torch = _torch()
 
         comm = self._live("scatter")
         size = comm.Get_size()
@@ -351,7 +404,7 @@ class MPICollective(Collective):
         return self._run("scatter", comm.Iscatter(send, self._raw(buffer), root=src), finish, async_op)
 
     def reduce_scatter(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
-        import torch
+        torch = _torch()
 
         comm = self._live("reduce_scatter")
         self._check_tensor(tensor, "reduce_scatter")
@@ -373,7 +426,7 @@ class MPICollective(Collective):
         return self._run("reduce_scatter", request, finish, async_op)
 
     def all_to_all(self, tensors: Sequence[Any], *, async_op: bool = False) -> Any:
-        import torch
+        torch = _torch()
 
         comm = self._live("all_to_all")
         size = comm.Get_size()
