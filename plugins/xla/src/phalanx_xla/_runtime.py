@@ -25,8 +25,18 @@ where replicas are threads, :func:`sync` holds one lock per process around
 executable in the compilation cache instead of compiling its own), and the
 collective syncs its inputs before each operation, so that the operation's
 graph is the same on every replica. ``torch_xla.sync()`` only launches the
-execution, so the lock is never held while a replica waits for another.
-Where each process has one replica, neither applies.
+execution, but it first waits for the previous execution on its device to
+finish; so each replica waits for that *before* taking the lock, and the
+lock is never held while a replica waits for another (holding it then, a
+replica whose previous graph was a collective would keep the others from
+launching their part of it: a deadlock). And the graph that holds a
+collective holds nothing else: the collective is launched on its own
+(:func:`collective_issued`), and what follows it (a mean's division, a
+cast) runs in the next graph. With more in it, a bfloat16 all_reduce
+followed by a multiplication in one graph, ``torch_xla.sync()`` did not
+return on this runtime while it held the lock (the execution waited for the
+other replica inside it), in every run; alone, it returns at once. Where
+each process has one replica, none of this applies.
 """
 
 from __future__ import annotations
@@ -210,10 +220,24 @@ def sync() -> None:
     import torch_xla
 
     if replicas_are_threads():
+        # torch_xla.sync() first waits for this device's previous execution;
+        # waiting for it under the lock would keep the other replicas from
+        # launching their part of it, if it was a collective.
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops(xm.xla_real_devices([torch_xla.device()]))
         with _SYNC_LOCK:
             torch_xla.sync()
     else:
         torch_xla.sync()
+
+
+def collective_issued() -> None:
+    """Where replicas are threads: launch the collective just issued, alone
+    in its graph (see the module's docstring). Elsewhere nothing: it runs
+    with whatever follows it."""
+    if replicas_are_threads():
+        sync()
 
 
 def pin_layout() -> bool:

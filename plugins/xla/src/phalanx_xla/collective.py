@@ -42,9 +42,10 @@ them). So :meth:`XLACollective.new_group` accepts the group of every rank
 (in any order) and refuses any smaller group, with
 :class:`~phalanx_core.UnavailableError`.
 
-**Replicas as threads.** See :mod:`phalanx_xla._runtime`: inputs are synced
-before each operation and ``torch_xla.sync()`` runs under a lock where the
-replicas are threads of one process (the CPU runtime).
+**Replicas as threads.** See :mod:`phalanx_xla._runtime`: where the
+replicas are threads of one process (the CPU runtime), inputs are synced
+before each operation, the operation is launched alone, under a lock, and
+what the contract adds (the mean's division, dtype casts) runs after it.
 """
 
 from __future__ import annotations
@@ -140,8 +141,12 @@ class XLACollective(Collective):
 
     def _launch(self, operation: str, result: Any, finish: Callable[[Any], Any], async_op: bool) -> Any:
         """Launch the graph that computes ``result``; return ``finish`` of
-        the completed result (or a handle that gives it)."""
-        _runtime.sync()
+        the completed result (or a handle that gives it). Where replicas are
+        threads the collective was launched already, alone, and what follows
+        it runs when the result is fetched (syncing here would first wait,
+        unbounded, for the collective)."""
+        if not _runtime.replicas_are_threads():
+            _runtime.sync()
 
         def complete() -> Any:
             self._wait(operation, result)
@@ -185,25 +190,26 @@ class XLACollective(Collective):
 
         return finish
 
-    def _reduced(self, x: Any, op: str) -> Any:
-        """The lazy all_reduce of ``x`` (on the device) with ``op``, with
-        the contract's mean and bool semantics, in ``x``'s dtype."""
+    def _reduced(self, value: Any, op: str) -> Any:
+        """The all_reduce of ``value`` with ``op``, with the contract's mean
+        and bool semantics, in ``value``'s dtype, on the device (launched
+        where replicas are threads; see :func:`_runtime.collective_issued`)."""
         import torch
         import torch_xla.core.xla_model as xm
 
-        n = self.world_size
-        if x.dtype is torch.bool:
-            out = xm.all_reduce(_XM_OP[op], x.to(torch.int32), pin_layout=_runtime.pin_layout())
+        is_bool = value.dtype is torch.bool
+        x = self._on_device(value.to(torch.int32) if is_bool else value)
+        if self.world_size == 1:
+            out = x.clone()
+        else:
+            out = xm.all_reduce(_XM_OP[op], x, pin_layout=_runtime.pin_layout())
+            _runtime.collective_issued()
+        if is_bool:
             return out.to(torch.bool)
-        if n == 1:
-            return x.clone()
-        out = xm.all_reduce(_XM_OP[op], x, pin_layout=_runtime.pin_layout())
-        if op == "mean":
-            if x.dtype.is_floating_point or x.dtype.is_complex:
-                out = out / n
-            else:
-                out = torch.div(out, n, rounding_mode="floor")
-        return out.to(x.dtype)
+        if op == "mean" and self.world_size > 1:
+            n = self.world_size
+            out = out / n if x.dtype.is_floating_point else torch.div(out, n, rounding_mode="floor")
+        return out.to(value.dtype)
 
     def _check_op(self, tensor: Any, op: str) -> str:
         import torch
@@ -218,31 +224,24 @@ class XLACollective(Collective):
 
     def all_reduce(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
         name = self._check_op(tensor, op)
-        out = self._reduced(self._on_device(tensor), name)
-        return self._launch("all_reduce", out, self._copy_into(tensor), async_op)
+        return self._launch("all_reduce", self._reduced(tensor, name), self._copy_into(tensor), async_op)
 
     def reduce(self, tensor: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
         check_rank(dst, self.world_size, operation="reduce", argument="dst")
         name = self._check_op(tensor, op)
-        out = self._reduced(self._on_device(tensor), name)
-        return self._launch("reduce", out, self._copy_into(tensor), async_op)
+        return self._launch("reduce", self._reduced(tensor, name), self._copy_into(tensor), async_op)
 
     def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False) -> Any:
         check_rank(src, self.world_size, operation="broadcast", argument="src")
         return self._launch("broadcast", self._from(src, tensor), self._copy_into(tensor), async_op)
 
     def _from(self, src: int, value: Any) -> Any:
-        """``src``'s ``value`` on every rank: the others give zeros, then a
-        sum. The zeros are made before the inputs are synced, so that the
-        graph of the sum is the same on every replica."""
+        """``src``'s ``value`` on every rank: the others give zeros (made
+        before the inputs are synced, so that the sum's graph is the same on
+        every replica), then a sum."""
         import torch
 
-        x = self._on_device(value if self.rank == src else torch.zeros_like(value))
-        if self.world_size == 1:
-            return x.clone()
-        if x.dtype is torch.bool:
-            return self._reduced(x.to(torch.int32), "sum").to(torch.bool)
-        return self._reduced(x, "sum")
+        return self._reduced(value if self.rank == src else torch.zeros_like(value), "sum")
 
     def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
         return self._launch("all_gather", self._gathered(tensor), self._rows(tensor.device), async_op)
@@ -250,10 +249,12 @@ class XLACollective(Collective):
     def _gathered(self, tensor: Any) -> Any:
         import torch_xla.core.xla_model as xm
 
-        x = self._on_device(tensor).unsqueeze(0)
+        x = self._on_device(tensor.unsqueeze(0))
         if self.world_size == 1:
             return x.clone()
-        return xm.all_gather(x, dim=0, pin_layout=_runtime.pin_layout())
+        out = xm.all_gather(x, dim=0, pin_layout=_runtime.pin_layout())
+        _runtime.collective_issued()
+        return out
 
     @staticmethod
     def _rows(device: Any) -> Callable[[Any], list[Any]]:
@@ -322,6 +323,7 @@ class XLACollective(Collective):
             out = xm.reduce_scatter(
                 _XM_OP[name], x, scale=1.0, scatter_dim=0, shard_count=n, pin_layout=_runtime.pin_layout()
             )
+            _runtime.collective_issued()
             if name == "mean":
                 out = out / n if x.dtype.is_floating_point else torch.div(out, n, rounding_mode="floor")
             out = out.to(x.dtype)
@@ -357,6 +359,7 @@ class XLACollective(Collective):
                 split_count=n,
                 pin_layout=_runtime.pin_layout(),
             )
+            _runtime.collective_issued()
         return self._launch("all_to_all", out, self._rows(device), async_op)
 
     # -- object operations -----------------------------------------------------------

@@ -33,9 +33,10 @@ class XLAStrategy(Strategy):
     - :meth:`backward` runs the precision's backward, then averages the
       gradients of the modules :meth:`setup` returned across the replicas
       (one ``xm.all_reduce`` of every gradient, as ``xm.reduce_gradients``
-      does) — as DDP does in its backward, so that clipping sees the
-      averaged gradients. Inside :meth:`no_backward_sync` the gradients stay
-      local and accumulate; the next backward outside it averages them all.
+      does, then a division by the number of replicas) — as DDP does in its
+      backward, so that clipping sees the averaged gradients. Inside
+      :meth:`no_backward_sync` the gradients stay local and accumulate; the
+      next backward outside it averages them all.
     - :meth:`optimizer_step` steps through the precision, then launches the
       step's graph (``torch_xla.sync()``): XLA runs lazily, and this is the
       step's end.
@@ -79,11 +80,20 @@ class XLAStrategy(Strategy):
             self._average_gradients()
 
     def _average_gradients(self) -> None:
+        import torch
         import torch_xla.core.xla_model as xm
 
         grads = [p.grad for module in self._synced_modules for p in module.parameters() if p.grad is not None]
-        if grads:
-            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / self.world_size, pin_layout=_runtime.pin_layout())
+        if not grads:
+            return
+        if _runtime.replicas_are_threads():
+            # The gradients' graph may differ between replicas (a constant
+            # that depends on the rank): launched first, the all_reduce's
+            # graph is the same on every replica (see phalanx_xla._runtime).
+            _runtime.sync()
+        xm.all_reduce(xm.REDUCE_SUM, grads, pin_layout=_runtime.pin_layout())
+        _runtime.collective_issued()
+        torch._foreach_div_(grads, self.world_size)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: Any, enabled: bool = True) -> Generator[None, None, None]:

@@ -1,0 +1,47 @@
+"""examples/train.py on XLA: data parallel over the 2 CPU replicas (float32
+and bfloat16), and one replica; the loss must go down, and no process may
+be left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+pytestmark = pytest.mark.subprocess
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def train(*flags: str, timeout: float = 300) -> tuple[float, float]:
+    tag = new_tag()
+    env = scheduler_free_environment(**{TAG_VAR: tag, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"})
+    command = [sys.executable, "examples/train.py", "--accelerator", "xla", *flags]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    finally:
+        left = reap(tag)
+    assert not left, f"processes left behind (killed now): {left}"
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("loss ")]  # rank 0 prints
+    first, last = (float(x) for x in line.split("loss ")[1].split(" after")[0].split(" -> "))
+    return first, last
+
+
+def test_data_parallel_on_two_replicas_in_float32():
+    first, last = train("--strategy", "xla", "--devices", "2", "--steps", "20")
+    assert last < 0.5 * first
+
+
+def test_data_parallel_on_two_replicas_in_bfloat16():
+    first, last = train("--strategy", "xla", "--devices", "2", "--precision", "bf16-true", "--steps", "20")
+    assert last < 0.5 * first
+
+
+def test_one_replica():
+    first, last = train("--strategy", "xla_single", "--steps", "20")
+    assert last < 0.5 * first
