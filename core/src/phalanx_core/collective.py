@@ -81,6 +81,7 @@ from .errors import MisconfigurationError, NotInGroupError, UnavailableError
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .environment import ClusterEnvironment
+    from .launcher import Launcher
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -252,6 +253,15 @@ class Collective(ABC):
         this collective cannot use (nccl with the CPU). The strategy's
         constructor calls it, so a bad pair fails when resolving, before any
         process starts. The base accepts every accelerator."""
+
+    def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:  # noqa: B027
+        """Refuse, saying what to use instead, processes this collective
+        cannot talk among: Horovod's collective needs ranks that horovodrun
+        or its own launcher started. ``environment`` is the one detected
+        here (``horovod`` under horovodrun, where the launcher runs ``fn``
+        in place). The strategy's constructor calls it after
+        :meth:`check_accelerator`, so the pair fails when resolving, before
+        any process starts. The base accepts every launcher."""
 
     @abstractmethod
     def teardown(self) -> None:

@@ -86,6 +86,7 @@ class Strategy:
         self.num_nodes = num_nodes
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         collective.check_accelerator(accelerator)
+        collective.check_launcher(launcher, environment)
 
     # -- where this rank is -------------------------------------------------
 

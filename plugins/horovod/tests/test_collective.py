@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import phalanx
-from phalanx_core import MisconfigurationError, NotInGroupError, UnavailableError, WorkerFailedError
+from phalanx_core import MisconfigurationError, NotInGroupError, UnavailableError
 from phalanx_core.collective import Work
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 
@@ -188,11 +188,13 @@ def test_subgroups_are_process_sets():
         assert "process set with every process of the job" in results[r]["nested"]
 
 
-def test_horovod_in_processes_it_did_not_start_is_refused_with_what_to_do():
-    with pytest.raises(WorkerFailedError) as info:
-        phalanx.resolve("horovod", accelerator="cpu", devices=2, launcher="spawn").launch(beyond_the_contract)
-    message = info.value.traceback or ""
-    assert "Horovod's world here is rank 0 of 1" in message, message
+@pytest.mark.parametrize(("strategy", "launcher"), [("horovod", "spawn"), ("ddp", None), ("manual", "fork")])
+def test_horovod_in_processes_it_did_not_start_is_refused_when_resolving(strategy, launcher):
+    flags = {"launcher": launcher} if launcher else {}
+    with pytest.raises(MisconfigurationError) as info:
+        phalanx.resolve(strategy, accelerator="cpu", devices=2, collective="horovod", **flags)
+    message = str(info.value)
+    assert "collective 'horovod' with launcher" in message, message
     assert "launcher='horovod'" in message and "horovodrun" in message
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
-from phalanx_horovod.environment import HorovodEnvironment
 
 import phalanx
 from phalanx_core import MisconfigurationError
 from phalanx_core.testing.suites import EnvironmentSuite
+from phalanx_horovod.environment import HorovodEnvironment
 
 RANK_3_OF_4 = {
     "HOROVOD_RANK": "3",

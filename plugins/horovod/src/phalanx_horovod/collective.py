@@ -68,7 +68,7 @@ from phalanx_core.collective import (
 from ._hvd import hvd, off_wire, on_wire
 
 if TYPE_CHECKING:
-    from phalanx_core import Accelerator, ClusterEnvironment
+    from phalanx_core import Accelerator, ClusterEnvironment, Launcher
 
 __all__ = ["HorovodCollective"]
 
@@ -171,6 +171,21 @@ class HorovodCollective(Collective):
         raise MisconfigurationError(
             f"collective 'horovod' with accelerator {accelerator.name!r}: Horovod moves CPU and CUDA "
             "tensors only; use accelerator='cpu' or 'cuda', or another collective"
+        )
+
+    def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:
+        """Ranks Horovod can join: started by this plugin's ``horovod``
+        launcher, or by ``horovodrun`` (the ``horovod`` environment, where
+        the launcher runs ``fn`` in place)."""
+        from .environment import HorovodEnvironment
+        from .launcher import HorovodLauncher
+
+        if isinstance(launcher, HorovodLauncher) or isinstance(environment, HorovodEnvironment):
+            return
+        raise MisconfigurationError(
+            f"collective 'horovod' with launcher {type(launcher).__name__}: Horovod finds its peers only "
+            "in processes that horovodrun or horovod.run started; use launcher='horovod' (the default "
+            "of strategy 'horovod'), or start the script with `horovodrun -np N python script.py`"
         )
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:

@@ -33,6 +33,9 @@ T = TypeVar("T")
 
 #: Lines of a rank's traceback quoted in the error (all of it is in ``.traceback``).
 _EXCERPT_LINES = 30
+#: A rank's stderr line as horovodrun marks it, ending a traceback:
+#: ``[1]<stderr>:ValueError: ...``.
+_RANK_ERROR = re.compile(r"^\[(\d+)\]<stderr>:([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
 #: Horovod's own summary of the first process that exited non-zero.
 _HOROVOD_FIRST = re.compile(r"Process name:\s*(\d+)\s*Exit code:\s*(-?\d+)")
 
@@ -164,15 +167,25 @@ class HorovodLauncher(Launcher):
             [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True
         ) as proc:
             said: list[str] = []
+            raised: dict[int, str] = {}  # each rank's last exception line
             for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
                 sys.stderr.write(line)
                 said.append(line)
                 del said[:-50]
+                marked = _RANK_ERROR.match(line)
+                if marked:
+                    raised[int(marked.group(1))] = marked.group(2)
             code = proc.wait()
         if code == 0:
             return
         found = _HOROVOD_FIRST.search("".join(said))
         rank, exitcode = (int(found.group(1)), int(found.group(2))) if found else (0, None)
+        # Horovod names the first process to exit, which may be a peer that
+        # lost its connection to the rank that raised (seen under load):
+        # name a rank whose own exception is the cause instead.
+        causes = sorted(r for r, text in raised.items() if not any(m in text for m in PEER_LOST))
+        if causes and rank not in causes:
+            rank, exitcode = causes[0], 1  # an uncaught exception: Python exits with 1
         raise _worker_failed(_Failed(rank, None, 0.0), exitcode, size, where="its output above")
 
 
