@@ -43,7 +43,7 @@ from phalanx_core.collective import (
 )
 
 if TYPE_CHECKING:
-    from phalanx_core import Accelerator, ClusterEnvironment
+    from phalanx_core import Accelerator, ClusterEnvironment, Launcher
 
 __all__ = ["MPICollective"]
 
@@ -170,6 +170,20 @@ class MPICollective(Collective):
                 f"collective 'mpi' moves CPU tensors, and accelerator {accelerator.name!r} puts them on "
                 f"{accelerator.name} devices; use accelerator='cpu', or collective='torch' (nccl on GPUs)"
             )
+
+    def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:
+        """Ranks MPI can join: started by the ``mpirun`` launcher, or
+        processes that exist already (under ``mpirun``; a process alone is a
+        world of one). A launcher that makes other processes (``spawn``,
+        ``fork``, ``subprocess``) is refused when resolving."""
+        from .launcher import MPIRunLauncher
+
+        if isinstance(launcher, MPIRunLauncher) or not launcher.creates_processes:
+            return
+        raise MisconfigurationError(
+            f"collective 'mpi' with launcher {type(launcher).__name__}: MPI talks among processes mpirun "
+            "started; use launcher='mpirun', or start the script with `mpirun -np N python script.py`"
+        )
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         if self._comm is not None:
