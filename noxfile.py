@@ -25,7 +25,7 @@ PACKAGES = [
 ]
 TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "horovod"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -89,12 +89,14 @@ def apt_install(session: nox.Session, *packages: str) -> None:
         session.run(*command, env=env, external=True)
 
 
-def real_runs(session: nox.Session, name: str) -> None:
-    """pytest on tests/real/test_{name}.py, which conftest collects only
-    when PHALANX_REAL_RUNS names it (the ``tests`` session leaves it out)."""
+def real_runs(session: nox.Session, name: str, *more: str, env: dict[str, str] | None = None) -> None:
+    """pytest on tests/real/test_{name}.py (and the paths in ``more``), which
+    their conftest collects only when PHALANX_REAL_RUNS names it (the
+    ``tests`` session leaves them out)."""
     install_packages(session)
     session.install("pytest>=8")
-    session.run("pytest", f"tests/real/test_{name}.py", *session.posargs, env={"PHALANX_REAL_RUNS": name})
+    paths = session.posargs or [f"tests/real/test_{name}.py", *more]
+    session.run("pytest", *paths, env={"PHALANX_REAL_RUNS": name, **(env or {})})
 
 
 @nox.session
@@ -112,7 +114,49 @@ def slurm(session: nox.Session) -> None:
 
 @nox.session
 def mpi(session: nox.Session) -> None:
-    """Real runs under OpenMPI's mpirun (the ``mpi`` environment reads
-    mpirun's variables; torch talks over gloo, so no mpi4py)."""
+    """Real runs under OpenMPI's mpirun: the ``mpi`` environment (torch over
+    gloo, ranks from mpirun's variables), and phalanx-mpi's tests with mpi4py
+    (the ``mpi`` collective through the conformance suite, the ``mpirun``
+    launcher, DDP and the manual example over MPI). As root, OpenMPI needs
+    its two allow-run-as-root variables."""
     apt_install(session, "openmpi-bin")
-    real_runs(session, "mpi")
+    session.install("mpi4py>=3.1")
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    real_runs(session, "mpi", "plugins/mpi/tests", env=root)
+
+
+@nox.session
+def horovod(session: nox.Session) -> None:
+    """phalanx-horovod against real horovod 0.28.1 (gloo, CPU): built from its
+    PyPI source by plugins/horovod/scripts/install-horovod.sh (torch first;
+    pip caches the wheel, so only the first run compiles), then the plugin's
+    tests, which plugins/horovod/tests/conftest.py collects only when
+    PHALANX_REAL_RUNS names horovod: ranks under ``horovodrun --gloo -np 2``
+    and through the ``horovod`` launcher, the collective conformance suite,
+    and examples/train.py --strategy horovod on two processes."""
+    install_packages(session)
+    session.install("pytest>=8")
+    python = str(Path(session.bin) / "python")
+    script = ROOT / "plugins" / "horovod" / "scripts" / "install-horovod.sh"
+    session.run("sh", str(script), env={"PYTHON": python}, external=True)
+    session.run("pytest", "plugins/horovod/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "horovod"})
+
+
+@nox.session
+def xla(session: nox.Session) -> None:
+    """phalanx-xla against real torch_xla 2.9.0 on its CPU runtime
+    (``PJRT_DEVICE=CPU``, two replicas: ``CPU_NUM_DEVICES=2``, run as two
+    threads of one process). Its own environment: torch_xla 2.9.0 needs
+    exactly torch 2.9.0 (its metadata does not say so), which has no CPU-only
+    build on PyPI, so this installs about 4 GB. Then the plugin's tests,
+    which plugins/xla/tests/conftest.py collects only when PHALANX_REAL_RUNS
+    names xla: the collective conformance suite over 2 replicas, the
+    launcher, environment and accelerator, and examples/train.py --strategy
+    xla."""
+    session.install("torch==2.9.0", "torch_xla==2.9.0", "numpy", "pytest>=8")
+    editable: list[str] = []
+    for package in PACKAGES:
+        editable += ["-e", str(package)]
+    session.install(*editable)
+    env = {"PHALANX_REAL_RUNS": "xla", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
+    session.run("pytest", "plugins/xla/tests", *session.posargs, env=env)
