@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import phalanx
-from phalanx_core import UnavailableError
+from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_xla._runtime import INSTALL, version_problem
 
 HAVE_XLA = importlib.util.find_spec("torch_xla") is not None
@@ -63,16 +63,21 @@ def test_the_install_line_pins_the_version_pair():
     assert "'torch==2.9.0'" in INSTALL and "'torch_xla==2.9.0'" in INSTALL
 
 
-@pytest.mark.skipif(HAVE_XLA, reason="torch_xla is installed here: the refusal needs it missing")
 @pytest.mark.parametrize("strategy", ["xla", "xla_single"])
-def test_resolving_without_torch_xla_says_what_to_install(strategy):
-    with pytest.raises(UnavailableError, match=r"torch_xla.*torch==2\.9\.0.*torch_xla==2\.9\.0"):
-        phalanx.resolve(strategy, accelerator="xla", devices=1)
+def test_resolving_says_what_to_install_without_torch_xla_and_builds_with_it(monkeypatch, strategy):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    if not HAVE_XLA:
+        with pytest.raises(UnavailableError, match=r"torch_xla.*torch==2\.9\.0.*torch_xla==2\.9\.0"):
+            phalanx.resolve(strategy, accelerator="xla", devices=1)
+    else:  # building starts no XLA runtime here: that waits for the launch
+        built = phalanx.resolve(strategy, accelerator="xla", devices=1)
+        assert type(built.collective).__name__ == "XLACollective"
 
 
-@pytest.mark.skipif(HAVE_XLA, reason="torch_xla is installed here: the refusal needs it missing")
-def test_naming_the_collective_without_torch_xla_says_what_to_install():
-    with pytest.raises(UnavailableError, match=r"collective 'xla'.*torch_xla"):
+def test_naming_the_collective_says_what_to_install_or_what_to_use():
+    error = MisconfigurationError if HAVE_XLA else UnavailableError
+    match = r"collective 'xla' with accelerator 'cpu'" if HAVE_XLA else r"collective 'xla'.*torch_xla"
+    with pytest.raises(error, match=match):
         phalanx.resolve("ddp", accelerator="cpu", devices=2, collective="xla")
 
 

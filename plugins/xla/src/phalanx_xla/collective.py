@@ -103,6 +103,14 @@ class XLACollective(Collective):
 
     # -- life cycle -----------------------------------------------------------
 
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        if accelerator.name != "xla":
+            raise MisconfigurationError(
+                f"collective 'xla' with accelerator {accelerator.name!r}: it talks between XLA replicas "
+                "only; use strategy='xla' with accelerator='xla', or a collective for "
+                f"{accelerator.name!r} (collective='torch')"
+            )
+
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         _runtime.require_replica("the 'xla' collective's setup")
         self._local.initialized = True
@@ -143,32 +151,36 @@ class XLACollective(Collective):
         """Launch the graph that computes ``result``; return ``finish`` of
         the completed result (or a handle that gives it). Where replicas are
         threads the collective was launched already, alone, and what follows
-        it runs when the result is fetched (syncing here would first wait,
+        it runs when the result is read (syncing here would first wait,
         unbounded, for the collective)."""
         if not _runtime.replicas_are_threads():
             _runtime.sync()
 
         def complete() -> Any:
-            self._wait(operation, result)
+            self._wait(operation)
             return finish(result)
 
         if async_op:
             return CompletedWork(finish=complete)
         return complete()
 
-    def _wait(self, operation: str, result: Any) -> None:
-        """Block until ``result`` is computed, at most ``timeout`` seconds."""
-        tensors = result if isinstance(result, (list, tuple)) else [result]
+    def _wait(self, operation: str) -> None:
+        """Block until this replica's device has run what was launched, at
+        most ``timeout`` seconds. A helper thread waits on the device
+        (``xm.wait_device_ops``: no compilation, no transfer), so that this
+        one can give up."""
+        import torch_xla.core.xla_model as xm
+
+        devices = xm.xla_real_devices([_runtime.xla_device()])
         errors: list[BaseException] = []
 
-        def fetch() -> None:
+        def wait() -> None:
             try:
-                for t in tensors:
-                    t.cpu()
+                xm.wait_device_ops(devices)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 errors.append(exc)
 
-        waiter = threading.Thread(target=fetch, name=f"phalanx-xla-{operation}", daemon=True)
+        waiter = threading.Thread(target=wait, name=f"phalanx-xla-{operation}", daemon=True)
         waiter.start()
         waiter.join(self.timeout)
         if waiter.is_alive():

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import pickle
 import shutil
@@ -206,6 +207,9 @@ def _host_main(folder: str, num_replicas: int) -> None:
     replicas that are gone)."""
     os.setsid()
     _die_with_parent()
+    # A crash in the runtime (SIGSEGV, SIGABRT) prints every thread's Python
+    # stack to stderr, so the job's output says where each replica was.
+    faulthandler.enable(all_threads=True)
     job = Path(folder)
     code = 0
     try:
