@@ -108,7 +108,7 @@ TABLE = [
         "single-two-devices",
         {"strategy": "single_device", "devices": 2},
         M,
-        ["'single_device' runs on one device", "a parallel strategy (ddp"],
+        ["'single_device' runs on one device", "or a parallel strategy (", " ddp, ddp_spawn,"],
     ),
     ("single-two-nodes", {"strategy": "single_device", "num_nodes": 2}, M, ["num_nodes=2 ask for more"]),
     # a ready strategy and flags for its parts
