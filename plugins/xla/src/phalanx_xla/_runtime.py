@@ -242,9 +242,10 @@ def collective_issued() -> None:
 
 def pin_layout() -> bool:
     """``pin_layout`` for torch_xla's collectives: pinned (torch_xla's
-    default) except where replicas are threads, where a pinned all_gather
-    fails to compile on the CPU runtime; there every replica runs the same
-    executable, which pinning exists to protect."""
+    default) except where replicas are threads: there, pinned all_reduce and
+    all_gather deadlocked on the CPU runtime in every run (the replicas
+    waited at different op ids), and every replica runs the same
+    executable, which is what pinning exists to protect."""
     return not replicas_are_threads()
 
 
