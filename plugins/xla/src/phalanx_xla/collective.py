@@ -374,6 +374,20 @@ class XLACollective(Collective):
             _runtime.collective_issued()
         return self._launch("all_to_all", out, self._rows(device), async_op)
 
+    # send and recv: unsupported (see the module's docstring). Spelled out,
+    # as core's NonMember does, so that type checkers see them implemented;
+    # they refuse whatever they are given, as the base's refusals do.
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        """Not available: XLA has no point-to-point transfer between replicas
+        (raises :class:`~phalanx_core.UnavailableError`)."""
+        raise self._refusal("send")
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        """Not available: XLA has no point-to-point transfer between replicas
+        (raises :class:`~phalanx_core.UnavailableError`)."""
+        raise self._refusal("recv")
+
     # -- object operations -----------------------------------------------------------
 
     def _rendezvous(self, payload: bytes, operation: str) -> list[bytes]:
