@@ -173,6 +173,7 @@ def test_other_precisions_are_refused_with_what_to_use(precision):
         ({"strategy": "xla", "devices": [1]}, r"devices=1 or devices=2"),
         ({"strategy": "xla", "num_nodes": 2}, r"num_nodes"),
         ({"strategy": "xla", "accelerator": "cpu"}, r"works with accelerator\(s\) xla"),
+        ({"strategy": "xla", "launcher": "spawn"}, r"collective 'xla' with launcher"),
     ],
 )
 def test_bad_flags_are_refused_when_resolving(flags, message):

@@ -70,7 +70,7 @@ from phalanx_core import (
 from . import _runtime
 
 if TYPE_CHECKING:
-    from phalanx_core import Accelerator, ClusterEnvironment
+    from phalanx_core import Accelerator, ClusterEnvironment, Launcher
 
 __all__ = ["XLACollective"]
 
@@ -109,6 +109,17 @@ class XLACollective(Collective):
                 f"collective 'xla' with accelerator {accelerator.name!r}: it talks between XLA replicas "
                 "only; use strategy='xla' with accelerator='xla', or a collective for "
                 f"{accelerator.name!r} (collective='torch')"
+            )
+
+    def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:
+        """Replicas torch_xla started: the ``xla`` launcher's."""
+        from .launcher import XLALauncher
+
+        if not isinstance(launcher, XLALauncher):
+            raise MisconfigurationError(
+                f"collective 'xla' with launcher {type(launcher).__name__}: XLA replicas exist only where "
+                "torch_xla starts them; use launcher='xla' (the default of strategies 'xla' and "
+                "'xla_single')"
             )
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
