@@ -169,7 +169,14 @@ class XLACollective(Collective):
 
         def complete() -> Any:
             self._wait(operation)
-            return finish(result)
+            out = finish(result)
+            if _runtime.replicas_are_threads():
+                # What follows the collective (a copy, a division, rows),
+                # launched under the lock: replicas never compile at once
+                # (torch_xla crashed, SIGSEGV, when two threads compiled to
+                # read results), and the caller gets computed tensors.
+                _runtime.sync()
+            return out
 
         if async_op:
             return CompletedWork(finish=complete)
@@ -415,12 +422,14 @@ class XLACollective(Collective):
             import torch_xla.core.xla_model as xm
 
             return list(xm.rendezvous(f"phalanx-{operation}", payload))
-        size = torch.tensor([len(payload)], dtype=torch.int64)
+        # On the CPU (whatever device a `with torch.device(...)` block
+        # names): the rows come back there, read without compiling a graph.
+        size = torch.tensor([len(payload)], dtype=torch.int64, device="cpu")
         sizes = [int(s.item()) for s in self.all_gather(size)]
         longest = max(sizes)
         if longest == 0:
             return [b"" for _ in sizes]
-        data = torch.zeros(longest, dtype=torch.uint8)
+        data = torch.zeros(longest, dtype=torch.uint8, device="cpu")
         if payload:
             data[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         rows = self.all_gather(data)
