@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         flags["devices"] = int(flags["devices"])
     if not phalanx.under_run():  # phalanx run's flags are the defaults there
         flags.setdefault("strategy", "single_device")
-        flags.setdefault("accelerator", "cpu")
+        if "accelerator" not in flags:  # the CPU, unless the strategy runs elsewhere only (xla)
+            only = phalanx.default_registry().get("strategy", flags["strategy"]).spec.accelerators
+            flags["accelerator"] = "cpu" if not only or "cpu" in only else only[0]
     strategy = phalanx.resolve(**flags)
     return strategy.launch(train, args.steps)
 
