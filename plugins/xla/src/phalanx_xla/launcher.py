@@ -44,7 +44,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -285,4 +284,3 @@ def _report(job: Path, rank: int, text: str) -> None:
         fd = os.open(job / _FIRST_FAILURE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with os.fdopen(fd, "w") as file:
             file.write(str(rank))
-    time.sleep(0)  # let the writes land before the process ends
