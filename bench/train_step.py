@@ -10,7 +10,8 @@
 
    - plain: ``DistributedDataParallel(model)`` (or ``fully_shard`` for
      ``fsdp``), ``torch.autocast`` for a mixed precision, ``loss.backward()``,
-     ``optimizer.step()``;
+     ``optimizer.step()`` (through a ``torch.amp.GradScaler`` for
+     ``16-mixed``);
    - phalanx: ``strategy.setup(model, optimizer)``,
      ``strategy.forward_context()``, ``strategy.backward(loss)``,
      ``strategy.optimizer_step(optimizer)``.
@@ -93,12 +94,20 @@ def measure(strategy, name: str, precision: str, steps: int, repeat: int) -> dic
     plain = plain_model(name, make_model(), device)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
 
+    # 16-mixed: the grad scaler, as torch's AMP recipe writes it.
+    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+
     def plain_step() -> None:
         plain_opt.zero_grad()
         with plain_context(precision, device):
             loss = torch.nn.functional.mse_loss(plain(x), y)
-        loss.backward()
-        plain_opt.step()
+        if scaler is None:
+            loss.backward()
+            plain_opt.step()
+            return
+        scaler.scale(loss).backward()
+        scaler.step(plain_opt)
+        scaler.update()
 
     def ours_step() -> None:
         ours_opt.zero_grad()

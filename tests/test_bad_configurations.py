@@ -23,7 +23,7 @@ from phalanx_core import (
     UnknownNameError,
 )
 
-CUDA = torch.cuda.is_available()
+CUDA = torch.cuda.device_count() > 0  # unlike is_available(), leaves pytest fit to fork ranks on CUDA
 no_cuda_only = pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
 cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
@@ -108,7 +108,7 @@ TABLE = [
         "single-two-devices",
         {"strategy": "single_device", "devices": 2},
         M,
-        ["'single_device' runs on one device", "or a parallel strategy (", " ddp, ddp_spawn,"],
+        ["'single_device' runs on one device", "or a parallel strategy (", "ddp, ddp_spawn,"],
     ),
     ("single-two-nodes", {"strategy": "single_device", "num_nodes": 2}, M, ["num_nodes=2 ask for more"]),
     # a ready strategy and flags for its parts
@@ -207,7 +207,7 @@ TABLE = [
     ),
     pytest.param(
         "cuda-index",
-        {"accelerator": "cuda", "devices": [0, 99]},
+        {"strategy": "ddp", "accelerator": "cuda", "devices": [0, 99]},
         M,
         ["[99]", "ask for fewer"],
         marks=cuda_only,
@@ -277,9 +277,20 @@ def test_an_interactive_session_gets_a_launcher_that_runs_there(call, words):
 
 @cuda_only
 def test_ddp_fork_after_cuda_is_initialised_is_refused():
-    torch.zeros(1, device="cuda")
-    with pytest.raises(MisconfigurationError, match=r"CUDA"):
-        phalanx.resolve("ddp_fork", accelerator="cuda", devices=1)
+    # In a process of its own: CUDA initialised in pytest's would stop every
+    # later test that forks.
+    code = (
+        "import torch, phalanx\n"
+        "from phalanx_core import MisconfigurationError\n"
+        "torch.zeros(1, device='cuda')\n"
+        "try:\n"
+        "    phalanx.resolve('ddp_fork', accelerator='cuda', devices=1)\n"
+        "except MisconfigurationError as exc:\n"
+        "    print('REFUSED', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED launcher 'fork' cannot fork this process: CUDA is already initialised" in done.stdout
 
 
 # -- the property ----------------------------------------------------------------

@@ -295,7 +295,7 @@ def test_spawn_refuses_what_it_cannot_pickle():
 
 def test_fork_refuses_once_cuda_is_initialised():
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
+    if torch.cuda.device_count() < 1:
         pytest.skip("needs CUDA: fork is refused only once CUDA is initialised")
     code = (
         "import torch\n"
@@ -532,7 +532,8 @@ def step(strategy):
         torch.nn.Linear(64, 64)(torch.randn(256, 64)).sum().backward()
     return torch.get_num_threads()
 
-step(None)  # the parent runs a parallel region first, as a notebook would
+with torch.no_grad():  # the parent runs a parallel region first, as a notebook would
+    torch.nn.Linear(64, 64)(torch.randn(256, 64)).sum()
 print(phalanx.resolve("ddp_fork", accelerator="cpu", devices=2).launch(step))
 """
 
@@ -545,3 +546,55 @@ def test_fork_after_the_parent_ran_parallel_work_does_not_hang():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[1, 1]"
+
+
+BACKWARD_THEN_FORK = """
+import torch, phalanx
+from phalanx_core import MisconfigurationError
+
+torch.ones(2, requires_grad=True).sum().backward()  # on the CPU, on a machine with a GPU
+try:
+    phalanx.resolve("ddp_fork", accelerator="cpu", devices=2)
+except MisconfigurationError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_fork_is_refused_after_a_backward_pass_on_a_machine_with_a_gpu():
+    """There autograd has started its device threads, and a forked child's
+    backward would raise deep inside torch: refused when resolving."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a machine with a CUDA GPU: without one autograd starts no threads")
+    done = subprocess.run(
+        [sys.executable, "-c", BACKWARD_THEN_FORK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED launcher 'fork' cannot fork this process: it has run a backward pass" in done.stdout
+    assert "'spawn'" in done.stdout
+
+
+CHECK_THEN_FORK = """
+import torch, phalanx
+
+def where(strategy):
+    return str(torch.ones(1, device=strategy.root_device).device)
+
+torch.cuda.is_available()  # as scripts do: it leaves CUDA unfit for a forked child
+phalanx.resolve("ddp_fork", accelerator="cuda", devices=1).launch(where)
+"""
+
+
+def test_a_forked_rank_that_cannot_use_cuda_says_why():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a CUDA GPU")
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_THEN_FORK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert (
+        "MisconfigurationError: accelerator 'cuda': this process was forked from one that had" in done.stderr
+    )
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK=1" in done.stderr
+    assert done.stderr.count("Traceback") <= 2, done.stderr

@@ -48,7 +48,7 @@ def run_contract_on_device(strategy):
     return collective.backend, check_collective(collective, device=strategy.root_device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
 def test_contract_over_nccl_on_one_gpu():
     strategy = phalanx.resolve("ddp_spawn", accelerator="cuda", devices=1, timeout=60)
     [(backend, ran)] = strategy.launch(run_contract_on_device)
@@ -119,3 +119,25 @@ def test_a_rank_that_does_not_arrive_is_named_by_the_timeout():
 def test_timeout_is_a_positive_number():
     with pytest.raises(MisconfigurationError, match="positive number of seconds"):
         TorchCollective(timeout=datetime.timedelta(seconds=3))  # type: ignore[arg-type]
+
+
+def all_to_all_in_one_buffer(strategy):
+    # The path gloo takes before torch 2.13 (it has no list all_to_all there),
+    # taken here on purpose.
+    collective = strategy.collective
+    collective._all_to_all_in_one = True
+    rank, world = collective.rank, collective.world_size
+    # what rank r sends rank i has the shape of what i sends r: (2, r + i + 1)
+    out = collective.all_to_all([torch.full((2, rank + i + 1), 10.0 * rank + i) for i in range(world)])
+    flags = collective.all_to_all(
+        [torch.tensor([rank == i, True]) for i in range(world)], async_op=True
+    ).wait()
+    return [t.tolist() for t in out], [t.tolist() for t in flags]
+
+
+def test_all_to_all_through_one_buffer():
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=60)
+    results = strategy.launch(all_to_all_in_one_buffer)
+    for rank, (out, flags) in enumerate(results):
+        assert out == [[[10.0 * j + rank] * (rank + j + 1)] * 2 for j in range(2)]
+        assert flags == [[j == rank, True] for j in range(2)]

@@ -5,6 +5,7 @@ Imports no torch at import time; see :mod:`phalanx_torch.launchers`."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -181,6 +182,11 @@ class SubprocessLauncher(Launcher):
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+        newer: dict[str, Any] = {}
+        if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
+            # How long a stopped job's ranks get between SIGTERM and SIGKILL,
+            # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
+            newer["shutdown_timeout"] = STOP_GRACE
         config = LaunchConfig(
             min_nodes=self.num_nodes,
             max_nodes=self.num_nodes,
@@ -195,7 +201,7 @@ class SubprocessLauncher(Launcher):
                 tee=Std.ALL if prefix_lines else Std.NONE,
             ),
             log_line_prefix_template="[rank${rank}]: " if prefix_lines else None,
-            shutdown_timeout=STOP_GRACE,
+            **newer,
             **self._rendezvous(),
         )
         with _variables({**variables, "NODE_RANK": str(self.node_rank)}), _signal_handlers_kept():

@@ -223,12 +223,44 @@ def _start_methods() -> list[str]:
     return list(multiprocessing.get_all_start_methods())
 
 
-def _refuse_fork_after_cuda() -> None:
-    torch = sys.modules.get("torch")  # not imported: CUDA cannot be initialised
-    if torch is not None and torch.cuda.is_initialized():
+def _refuse_unforkable() -> None:
+    """Refuse to fork a process whose children could not train: CUDA is
+    initialised in it, or torch's autograd has started its device threads."""
+    torch = sys.modules.get("torch")  # not imported: neither can have happened
+    if torch is None:
+        return
+    if torch.cuda.is_initialized():
         raise MisconfigurationError(
             "launcher 'fork' cannot fork this process: CUDA is already initialised in it "
             "(torch.cuda.is_initialized() is True), and a forked child cannot use CUDA. Use the "
             "'spawn' launcher (strategy 'ddp_spawn'), or move every CUDA call (torch.cuda.*, "
             ".cuda(), tensors on a GPU) after strategy.launch(...)"
         )
+    if _autograd_device_threads():
+        raise MisconfigurationError(
+            "launcher 'fork' cannot fork this process: it has run a backward pass on a machine with "
+            "a GPU, so torch's autograd has started threads, and a forked child's backward fails "
+            "(torch: 'Unable to handle autograd's threading in combination with fork-based "
+            "multiprocessing'). Use the 'spawn' launcher (strategy 'ddp_spawn'), or run every "
+            "backward pass inside the launched function"
+        )
+
+
+def _autograd_device_threads() -> bool:
+    """Whether torch's autograd engine has started its per-device threads in
+    this process (named ``pt_autograd_N``). It does at the first backward
+    pass on a machine with a non-CPU device, and from then on a forked
+    child's backward raises. Where threads cannot be listed (no ``/proc``),
+    False."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith("pt_autograd_"):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False

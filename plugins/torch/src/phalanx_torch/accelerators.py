@@ -66,7 +66,10 @@ class CUDAAccelerator(Accelerator):
                 f"this torch build ({torch.__version__}) has no CUDA support; install a CUDA build of "
                 "torch, or use accelerator='cpu'",
             )
-        if not torch.cuda.is_available():
+        # device_count() asks NVML first and leaves this process fit to fork;
+        # torch.cuda.is_available() would call cudaGetDeviceCount, after which
+        # a forked child (ddp_fork, ddp_notebook) can no longer use CUDA.
+        if torch.cuda.device_count() < 1:
             return Availability(
                 False,
                 f"no CUDA device is visible (torch {torch.__version__}, CUDA {torch.version.cuda}; "
@@ -77,12 +80,22 @@ class CUDAAccelerator(Accelerator):
 
     @classmethod
     def device_count(cls) -> int:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.cuda.device_count()
 
     def get_device(self, index: int) -> torch.device:
         return torch.device("cuda", index)
 
     def setup_device(self, device: Any) -> None:
+        in_bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+        if in_bad_fork():
+            raise MisconfigurationError(
+                "accelerator 'cuda': this process was forked from one that had already used CUDA "
+                "(torch.cuda.is_available(), a tensor on a GPU, torch.cuda.* calls), and a forked "
+                "child cannot use CUDA. Use a launcher that starts fresh processes (strategy "
+                "'ddp_spawn', or launcher='spawn'), or make no CUDA call before strategy.launch(...); "
+                "with PYTORCH_NVML_BASED_CUDA_CHECK=1 set, torch.cuda.is_available() leaves the "
+                "process fit to fork"
+            )
         torch.cuda.set_device(device)
 
     def teardown(self) -> None:

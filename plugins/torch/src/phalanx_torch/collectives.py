@@ -249,6 +249,9 @@ class TorchCollective(Collective):
         self._world_size = 0
         self._global_ranks: tuple[int, ...] = ()
         self._backend = ""
+        #: all_to_all through one buffer: set where the backend has no list
+        #: form (gloo before torch 2.13).
+        self._all_to_all_in_one = False
 
     # -- life cycle -------------------------------------------------------
 
@@ -536,12 +539,44 @@ class TorchCollective(Collective):
             raise MisconfigurationError(
                 f"all_to_all(): give one tensor per rank ({self._world_size}), got {len(tensors)}"
             )
+        if self._all_to_all_in_one:
+            return self._all_to_all_in_one_buffer(tensors, async_op)
         out = [torch.empty_like(t) for t in tensors]
         try:
             work = dist.all_to_all(out, list(tensors), group=self._group, async_op=async_op)
         except RuntimeError as exc:
-            raise self._translate(exc, "all_to_all") from exc
+            if "does not support alltoall" not in str(exc):
+                raise self._translate(exc, "all_to_all") from exc
+            # gloo before torch 2.13 has only the one-buffer form.
+            self._all_to_all_in_one = True
+            return self._all_to_all_in_one_buffer(tensors, async_op)
         return self._done(work, out, async_op, "all_to_all")
+
+    def _all_to_all_in_one_buffer(self, tensors: Sequence[torch.Tensor], async_op: bool) -> Any:
+        """all_to_all through ``all_to_all_single``: the tensors flattened
+        into one buffer, split by their sizes, and the received buffer split
+        back into tensors shaped as the ones sent."""
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1:
+            raise MisconfigurationError(
+                f"all_to_all(): backend {self.backend!r} sends one buffer, so the tensors need one dtype; "
+                f"got {sorted(str(d) for d in dtypes)}"
+            )
+        sizes = [t.numel() for t in tensors]
+        as_bytes = tensors[0].dtype is torch.bool  # gloo has no bool
+        flat = torch.cat([(t.view(torch.uint8) if as_bytes else t).reshape(-1) for t in tensors])
+        received = torch.empty_like(flat)
+        try:
+            work = dist.all_to_all_single(received, flat, sizes, sizes, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_to_all") from exc
+        out: list[torch.Tensor] = []
+
+        def finish() -> None:
+            for part, t in zip(torch.split(received, sizes), tensors, strict=True):
+                out.append((part.view(torch.bool) if as_bytes else part).view(t.shape))
+
+        return self._done(work, out, async_op, "all_to_all", finish)
 
     def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
         peer = self._peer(dst, "send", "dst")

@@ -51,7 +51,7 @@ from ._ranks import (
     _die_with,
     _dumps_result,
     _Failure,
-    _refuse_fork_after_cuda,
+    _refuse_unforkable,
     _run_here,
     _signal_group,
     _start_methods,
@@ -151,7 +151,7 @@ class MultiprocessingLauncher(Launcher):
                 "every node, or a scheduler (torchrun, srun) that starts the processes"
             )
         if start_method == "fork":
-            _refuse_fork_after_cuda()
+            _refuse_unforkable()
         # Per instance: "fork" works in a notebook, "spawn" does not.
         self.is_interactive_compatible = start_method == "fork"  # type: ignore[misc]
 
@@ -167,7 +167,7 @@ class MultiprocessingLauncher(Launcher):
 
         next(_LAUNCHES)
         if self.start_method == "fork":
-            _refuse_fork_after_cuda()
+            _refuse_unforkable()
         ctx: Any = mp.get_context(self.start_method)
         size = self.num_processes
         # Kept alive until every rank has finished: the ranks' rendezvous.
@@ -251,11 +251,17 @@ def _mp_rank(
     try:
         payload = _dumps_result(("result", fn(*args, **kwargs)), env["RANK"])
     except BaseException as exc:
+        told = False
         with contextlib.suppress(Exception):
             tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from fn's frame on
             text = "".join(traceback.format_exception(type(exc), exc, tb))
             conn.send_bytes(pickle.dumps(("error", text, time.time())))
+            told = True
         conn.close()
+        if told and not isinstance(exc, SystemExit):
+            # The launching process raises WorkerFailedError with this
+            # traceback in it: shown once, there, not also here.
+            sys.exit(1)
         raise  # multiprocessing prints it to this rank's stderr and exits with 1
     conn.send_bytes(payload)
     conn.close()

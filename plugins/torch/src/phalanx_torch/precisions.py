@@ -121,7 +121,19 @@ class MixedPrecision(Precision):
                 "needs a GPU; use precision='bf16-mixed' on the CPU"
             )
         _check_bf16(self)
-        self.scaler = torch.amp.GradScaler(device) if self.dtype is torch.float16 else None
+        self._scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The grad scaler of ``"16-mixed"`` (``None`` for ``"bf16-mixed"``),
+        made at its first use: made here, in the process that launches, it
+        would ask CUDA whether it is available, and a process that did
+        cannot fork ranks that use CUDA."""
+        if self.dtype is not torch.float16:
+            return None
+        if self._scaler is None:
+            self._scaler = torch.amp.GradScaler(_device_type(self))
+        return self._scaler
 
     @contextlib.contextmanager
     def forward_context(self) -> Generator[None, None, None]:
@@ -166,7 +178,11 @@ class MixedPrecision16(MixedPrecision):
 
 def _check_bf16(precision: Any) -> None:
     on_cuda = precision.dtype is torch.bfloat16 and _device_type(precision) == "cuda"
-    if on_cuda and not torch.cuda.is_bf16_supported():
+    # is_bf16_supported() initialises CUDA, after which the process cannot
+    # fork ranks that use it (ddp_fork): ask only where CUDA is already up.
+    # (torch counts bfloat16 emulation as support, so on CUDA it says no
+    # only for a GPU that cannot hold a bfloat16 tensor at all.)
+    if on_cuda and torch.cuda.is_initialized() and not torch.cuda.is_bf16_supported():  # type: ignore[no-untyped-call]
         raise MisconfigurationError(
             f"precision {precision.name!r}: this GPU has no bfloat16 support; use '16-mixed'"
         )
