@@ -57,3 +57,46 @@ def test_processes_another_scheduler_started_are_refused_in_the_ranks(tmp_path):
     )
     assert done.returncode != 0
     assert "MPI sees rank 0 of 1 process" in done.stderr and "launcher='mpirun'" in done.stderr
+
+
+FAST_PATH_EDGES = """
+import torch
+from phalanx_core import MisconfigurationError
+from phalanx_mpi.collective import MPICollective
+
+class Alone:  # a process started without mpirun: a world of one
+    world_size, global_rank = 1, 0
+
+c = MPICollective(timeout=30)
+c.setup(Alone())
+t = torch.arange(4, dtype=torch.float32)
+assert c.all_reduce(t) is t and c.all_reduce(t, op="max") is t and t.tolist() == [0, 1, 2, 3]
+p = torch.nn.Parameter(torch.ones(3), requires_grad=False)  # a subclass: the general path
+assert c.all_reduce(p, op="mean") is p and p.tolist() == [1, 1, 1]
+base = torch.arange(6, dtype=torch.int64)
+view = base[::2]  # not contiguous
+assert c.all_reduce(view, op="min") is view and view.tolist() == [0, 2, 4]
+assert c.all_reduce(torch.empty(0)).numel() == 0
+assert c.all_reduce(torch.tensor([True, False]), op="max").tolist() == [True, False]
+for _ in range(300):  # ever new buffers: MPI's views of them are not kept forever
+    c.all_reduce(torch.ones(2))
+assert len(c._messages) <= 256, len(c._messages)
+c.teardown()
+try:
+    c.all_reduce(t)
+except MisconfigurationError as exc:
+    print("AFTER TEARDOWN", exc)
+"""
+
+
+def test_all_reduce_fast_path_edges():
+    """all_reduce's fast path (a plain contiguous tensor of an MPI dtype)
+    and what falls through to the general one, in a world of one."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FAST_PATH_EDGES], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "AFTER TEARDOWN collective 'mpi': all_reduce before setup()" in done.stdout

@@ -154,11 +154,17 @@ class MPICollective(Collective):
         self._owned = False
         self._global_ranks: tuple[int, ...] = ()
         self._stuck: list[Any] = []  # requests that timed out: MPI cannot cancel them
+        # all_reduce's fast path (see _make_fast_plans); off until setup.
+        self._tensor_type: Any = None
+        self._fast_plans: dict[str, dict[Any, tuple[Any, Any]]] = {}
+        self._in_place: Any = None
+        self._messages: dict[tuple[int, int, Any], list[Any]] = {}
 
     @classmethod
     def _over(cls, comm: Any, global_ranks: tuple[int, ...], timeout: float) -> MPICollective:
         group = cls(timeout=timeout)
         group._comm, group._owned, group._global_ranks = comm, True, global_ranks
+        group._make_fast_plans()
         return group
 
     # -- life cycle -----------------------------------------------------------
@@ -200,11 +206,32 @@ class MPICollective(Collective):
         self._comm = world.Dup()
         self._owned = True
         self._global_ranks = tuple(range(world.Get_size()))
+        self._make_fast_plans()
+
+    def _message(self, key: tuple[int, int, Any], datatype: Any) -> list[Any]:
+        if len(self._messages) >= 256:  # a program that reduces ever new buffers
+            self._messages.clear()
+        address, size, _ = key
+        message = self._messages[key] = [_mpi().buffer.fromaddress(address, size), datatype]
+        return message
+
+    def _make_fast_plans(self) -> None:
+        """What all_reduce's fast path needs, looked up once: per op, the
+        dtypes MPI computes on directly with (datatype, op). ``mean`` and
+        bool take the general path (they need work after MPI's)."""
+        torch, MPI = _torch(), _mpi()
+        self._tensor_type = torch.Tensor
+        self._in_place = MPI.IN_PLACE
+        self._fast_plans = {
+            name: {dtype: (datatype, _ops()[name]) for dtype, datatype in _datatypes().items()}
+            for name in ("sum", "min", "max", "product")
+        }
 
     def teardown(self) -> None:
         if self._comm is not None and self._owned and not self._stuck:
             self._comm.Free()
         self._comm = None
+        self._tensor_type = None  # the fast path off: operations say "before setup()"
 
     @property
     def is_initialized(self) -> bool:
@@ -333,6 +360,27 @@ class MPICollective(Collective):
         return self._run("broadcast", comm.Ibcast(self._raw(buffer), root=src), finish, async_op)
 
     def all_reduce(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        # The common case first, with as little Python as it takes (a 1-float
+        # all_reduce is about 3 us of MPI): a plain contiguous CPU tensor of
+        # a dtype MPI computes on, an op with nothing to do afterwards.
+        comm = self._comm
+        if type(tensor) is self._tensor_type and not async_op and not self._stuck:
+            plan = self._fast_plans.get(op)
+            if plan is not None and tensor.is_cpu and tensor.is_contiguous():
+                dtype = tensor.dtype
+                mpi = plan.get(dtype)
+                if mpi is not None:
+                    # MPI's view of the memory, by (address, bytes, datatype):
+                    # made once per buffer a program reduces (gradients,
+                    # metrics), 0.4 us a call otherwise. An entry never goes
+                    # stale: it names memory, and owns none.
+                    key = (tensor.data_ptr(), tensor.nbytes, dtype)
+                    message = self._messages.get(key)
+                    if message is None and key[1]:
+                        message = self._message(key, mpi[0])
+                    if message is not None:
+                        self._wait(comm.Iallreduce(self._in_place, message, mpi[1]), "all_reduce")
+                        return tensor
         comm = self._live("all_reduce")
         self._check_tensor(tensor, "all_reduce")
         name, mpi_op = self._mpi_op(tensor, op)
