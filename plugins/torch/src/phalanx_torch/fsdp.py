@@ -327,7 +327,12 @@ class FSDPStrategy(TorchGroupStrategy):
             # dicts and lists and turning int keys into strings. Tensors go
             # in as tensors.
             out.update({key: _whole(value) for key, value in self._plain_state(others).items()})
-            dcp_save(out, checkpoint_id=path)
+            with warnings.catch_warnings():
+                # Saving over an earlier checkpoint is what save_checkpoint
+                # does everywhere (torch.save too); torch's checkpoint warns
+                # about it on every save.
+                warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
+                dcp_save(out, checkpoint_id=path)
         else:
             if Path(path).is_dir():
                 raise MisconfigurationError(
