@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import itertools
 import os
 import re
@@ -331,6 +332,7 @@ class TorchCollective(Collective):
                     rank=rank,
                     world_size=size,
                     timeout=timeout,
+                    **_bound_device(backend),
                 )
             except RuntimeError as exc:
                 raise self._translate(exc, "setup") from exc
@@ -676,3 +678,14 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
     "product": dist.ReduceOp.PRODUCT,
 }
+
+
+def _bound_device(backend: str) -> dict[str, Any]:
+    """nccl's group bound to this rank's GPU (the strategy set it before the
+    group is made), as torch asks: without it every ``barrier`` warns that
+    it guesses the device. Where torch has ``device_id`` (2.3 on)."""
+    if backend != "nccl" or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return {}
+    if "device_id" not in inspect.signature(dist.init_process_group).parameters:
+        return {}
+    return {"device_id": torch.device("cuda", torch.cuda.current_device())}
