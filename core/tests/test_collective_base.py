@@ -90,3 +90,22 @@ def test_completed_work_runs_its_finish_once():
     assert not work.is_completed()
     assert work.wait() == "done" and work.wait() == "done"
     assert calls == [1] and work.is_completed()
+
+
+class _BreaksItsDeclaration:
+    """Declares that new_group makes only the whole world, then makes a
+    smaller group anyway: what the conformance kit must catch."""
+
+    subgroups = False
+    world_size, rank = 2, 0
+
+    def new_group(self, ranks):
+        return self
+
+
+def test_the_kit_holds_a_collective_to_its_subgroups_declaration():
+    pytest.importorskip("torch")
+    from phalanx_core.testing.contract import check_groups
+
+    with pytest.raises(AssertionError, match=r"subgroups = False, yet new_group of fewer"):
+        check_groups(_BreaksItsDeclaration())

@@ -205,11 +205,16 @@ class Collective(ABC):
         unsupported: operations this collective cannot do. Do not implement
             them: the base class makes each raise
             :class:`~phalanx_core.UnavailableError` naming it.
+        subgroups: ``False`` where :meth:`new_group` can make only the
+            group of every rank (XLA runs each collective on all replicas):
+            a smaller group raises :class:`~phalanx_core.UnavailableError`
+            naming ``new_group``. The conformance suite checks both halves.
     """
 
     name: ClassVar[str] = "collective"
     reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
     unsupported: ClassVar[frozenset[str]] = frozenset()
+    subgroups: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

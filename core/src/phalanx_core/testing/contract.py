@@ -245,7 +245,21 @@ def check_groups(c: Any) -> None:
     import torch
 
     n = c.world_size
-    given = [0] if n == 1 else [n - 1, 0]
+    if n > 1 and not getattr(c, "subgroups", True):
+        # Only the whole world: a smaller group is refused, clearly, on every
+        # rank; the whole world, asked in any order, works.
+        refusal = ""
+        try:
+            c.new_group([n - 1])
+        except UnavailableError as exc:
+            refusal = str(exc)
+        else:
+            raise AssertionError("subgroups = False, yet new_group of fewer than every rank did not raise")
+        if "new_group" not in refusal:
+            raise AssertionError(f"the refusal of a smaller group must name new_group: {refusal}")
+        given = list(range(n))[::-1]
+    else:
+        given = [0] if n == 1 else [n - 1, 0]
     group = c.new_group(given)
     members = sorted(given)  # group ranks follow the parent's rank order, not the order given
     if c.rank in members:

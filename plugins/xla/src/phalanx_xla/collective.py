@@ -85,6 +85,7 @@ class XLACollective(Collective):
 
     name: ClassVar[str] = "xla"
     unsupported: ClassVar[frozenset[str]] = frozenset({"send", "recv"})
+    subgroups: ClassVar[bool] = False  # new_group: every rank only (see new_group)
 
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(timeout=timeout)
