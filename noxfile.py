@@ -25,7 +25,7 @@ PACKAGES = [
 ]
 TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "horovod"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "horovod", "xla"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
