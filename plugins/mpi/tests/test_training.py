@@ -5,24 +5,17 @@ strategy's example with its hand-sharded head over MPI."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.processes import run_tagged
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(command, timeout=180):
-    tag = new_tag()
-    env = scheduler_free_environment(**{TAG_VAR: tag, "OMPI_ALLOW_RUN_AS_ROOT": "1"})
-    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    finally:
-        left = reap(tag)
-    assert not left, f"processes left behind (killed now): {left}"
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    done = run_tagged(command, timeout=timeout, cwd=ROOT, **root)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

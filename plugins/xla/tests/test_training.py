@@ -4,13 +4,12 @@ be left behind."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.processes import run_tagged
 
 pytestmark = pytest.mark.subprocess
 
@@ -18,14 +17,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def train(*flags: str, timeout: float = 300) -> tuple[float, float]:
-    tag = new_tag()
-    env = scheduler_free_environment(**{TAG_VAR: tag, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"})
     command = [sys.executable, "examples/train.py", "--accelerator", "xla", *flags]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    finally:
-        left = reap(tag)
-    assert not left, f"processes left behind (killed now): {left}"
+    done = run_tagged(command, timeout=timeout, cwd=ROOT, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2")
     assert done.returncode == 0, done.stdout + done.stderr
     [line] = [line for line in done.stdout.splitlines() if line.startswith("loss ")]  # rank 0 prints
     first, last = (float(x) for x in line.split("loss ")[1].split(" after")[0].split(" -> "))

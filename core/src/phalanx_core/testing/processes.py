@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "left_behind",
     "new_tag",
     "reap",
+    "run_tagged",
     "scheduler_free_environment",
     "tagged_processes",
 ]
@@ -151,3 +153,26 @@ def reap(
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def run_tagged(
+    command: list[str], *, timeout: float, cwd: str | Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end, its output captured, in a scheduler-free
+    environment (plus ``env``) with a fresh tag; then reap what the job left
+    behind and fail (AssertionError, listing them) if anything was. The
+    return code is the caller's to check."""
+    tag = new_tag()
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=scheduler_free_environment(**{TAG_VAR: tag, **env}),
+            cwd=cwd,
+        )
+    finally:
+        left = reap(tag)
+    assert not left, f"processes left behind (killed now): {left}"
+    return done
