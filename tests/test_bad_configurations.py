@@ -370,3 +370,7 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     assert done.returncode == 1
     assert 'Put the code that resolves and launches under `if __name__ == "__main__":`' in done.stderr
     assert "WorkerFailedError" in done.stderr
+    # The launching process's error says the rank failed before fn, where
+    # the guard message is; not that it left no traceback.
+    assert "It failed before it could run fn" in done.stderr
+    assert "left no Python traceback" not in done.stderr

@@ -77,7 +77,23 @@ class Launcher(ABC):
         """Run ``fn(*args, **kwargs)`` on every rank; return the list of
         every rank's result, indexed by global rank (see the class's
         contracts). Raises :class:`~phalanx_core.WorkerFailedError` when a
-        rank fails."""
+        rank fails.
+
+        Where ``fn`` runs in place, in one rank of a job that something
+        else started (torchrun, srun, mpirun, ``phalanx run``), the list is
+        still indexed by global rank: this rank's result at its rank, and
+        ``None`` at the other ranks', whose results are in their own
+        processes (:meth:`placed`)."""
+
+    def placed(self, result: T) -> list[T | None]:
+        """The list :meth:`launch` returns where ``fn`` ran in place: ``result``
+        at this rank's global rank (the environment's), ``None`` elsewhere."""
+        rank, size = 0, 1
+        if self.environment is not None:
+            rank, size = self.environment.global_rank, self.environment.world_size
+        values: list[T | None] = [None] * max(size, rank + 1)
+        values[rank] = result
+        return values
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run a Python program as every rank's main program, which is what

@@ -186,6 +186,17 @@ def test_a_real_group_over_the_launchers_store(method):
     ]
 
 
+def test_a_rank_killed_while_exiting_after_its_result_is_a_warning_not_a_failure():
+    # Its result was handed back: the launch returns every result and says
+    # how the rank died, rather than losing every rank's work.
+    launcher = MultiprocessingLauncher(num_processes=2, start_method="spawn")
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"rank \d of 2 \(launcher 'spawn'\) returned its result, then was killed by SIGABRT",
+    ):
+        assert launcher.launch(rank_fns.aborts_while_exiting, "done") == ["done", "done"]
+
+
 def test_ddp_spawn_end_to_end():
     strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2)
     assert strategy.launch(rank_fns.strategy_all_reduce) == [
@@ -367,13 +378,17 @@ def test_script_mode_as_a_module_with_interpreter_options():
     assert [r["main"] for r in results] == ["launch_job", "launch_job"]
 
 
-def test_script_mode_each_launch_gets_its_own_results():
-    # The ranks re-run the whole script, both launches; each launch here
-    # gets the ranks' results of the same launch.
+def test_script_mode_refuses_a_second_launch_in_the_script():
+    # The ranks re-run the whole script: a second launch there would run
+    # its function again in every rank of every launch.
     job = run_job("whoami", "--launches", "2")
-    first, second = job.results
-    assert [r["tags"] for r in first] == [["launch-1"]] * 2
-    assert [r["tags"] for r in second] == [["launch-2"]] * 2
+    failure = job.failure
+    assert failure["exitcode"] == 1
+    assert (
+        "MisconfigurationError: launch() number 2 of a script that launcher 'subprocess'"
+        in failure["traceback"]
+    )
+    assert "Call launch once per script" in failure["traceback"]
 
 
 def test_script_mode_through_the_registry():

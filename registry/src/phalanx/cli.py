@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -171,8 +172,24 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         print(f"phalanx run: {what}. The other ranks were stopped.", file=sys.stderr)
         return exc.exitcode if isinstance(exc.exitcode, int) and exc.exitcode > 0 else 1
     except KeyboardInterrupt:
+        print("phalanx run: interrupted (SIGINT); every rank was stopped.", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # the launcher stopped the ranks on a signal: 128 + its number
+        code = exc.code if isinstance(exc.code, int) else 1
+        if code > 128:
+            print(
+                f"phalanx run: stopped by {_signal_name(code - 128)}; every rank was stopped.",
+                file=sys.stderr,
+            )
+        return code
     return 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _version() -> str:

@@ -112,7 +112,7 @@ class HorovodLauncher(Launcher):
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if self._in_place:
-            return [fn(*args, **kwargs)]
+            return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
         import horovod.runner  # type: ignore[import-not-found, import-untyped, unused-ignore]
         import torch.distributed as dist
 

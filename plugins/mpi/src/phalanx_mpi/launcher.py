@@ -127,7 +127,7 @@ class MPIRunLauncher(Launcher):
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if os.environ.get("OMPI_COMM_WORLD_SIZE"):  # a rank mpirun started: run here
-            return [fn(*args, **kwargs)]
+            return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
         import torch.distributed as dist
 
         # The rendezvous of torch groups the strategy makes, for the whole launch.

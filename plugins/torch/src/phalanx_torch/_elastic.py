@@ -34,6 +34,7 @@ from ._ranks import (
     _check_count,
     _Failure,
     _run_here,
+    _warn_died_after_delivery,
     _worker_failed,
 )
 
@@ -142,7 +143,7 @@ class SubprocessLauncher(Launcher):
         index = next(_LAUNCHES)
         if os.environ.get("TORCHELASTIC_RUN_ID"):
             # This is a rank already (the script re-run, or torchrun): run here.
-            return [_run_here(index, fn, args, kwargs)]
+            return self.placed(_run_here(index, fn, args, kwargs))  # type: ignore[return-value]
         command = _script_command()
         with tempfile.TemporaryDirectory(prefix="phalanx-launch-") as tmp:
             results = Path(tmp, "results")
@@ -152,8 +153,20 @@ class SubprocessLauncher(Launcher):
                 _LAUNCH_INDEX_VAR: str(index),
                 _LAUNCHER_PID_VAR: str(os.getpid()),
             }
-            self._run_elastic(command, variables, Path(tmp, "logs"))
+            try:
+                self._run_elastic(command, variables, Path(tmp, "logs"))
+            except WorkerFailedError as exc:
+                if exc.signal is None or not self._all_delivered(results):
+                    raise
+                # Killed while exiting, after every rank had handed back its result.
+                _warn_died_after_delivery(
+                    "subprocess", _Failure(exc.rank, exc.exitcode, None, 0.0), self.world_size
+                )
             return self._results(results, index)
+
+    def _all_delivered(self, folder: Path) -> bool:
+        first = self.node_rank * self.num_processes
+        return all((folder / f"{rank}.pkl").exists() for rank in range(first, first + self.num_processes))
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run ``python *command`` as every rank's program under torch
@@ -162,18 +175,11 @@ class SubprocessLauncher(Launcher):
         for the rank that failed first."""
         from .collectives import LINES_PREFIXED_VAR
 
-        # Elastic's agent logs each stop and failure; phalanx run says what
-        # failed once, from the WorkerFailedError.
-        agent_log = logging.getLogger("torch.distributed.elastic")
-        level = agent_log.level
-        agent_log.setLevel(logging.CRITICAL)
-        try:
-            with tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
-                self._run_elastic(
-                    list(command), {LINES_PREFIXED_VAR: "1"}, Path(tmp, "logs"), prefix_lines=True
-                )
-        finally:
-            agent_log.setLevel(level)
+        # Elastic's agent logs each stop, signal and failure; phalanx run
+        # says what failed once, from the WorkerFailedError.
+        with _quiet("torch.distributed.elastic"), tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
+            variables = {LINES_PREFIXED_VAR: "1", _LAUNCHER_PID_VAR: str(os.getpid())}
+            self._run_elastic([*_RANK_PROGRAM, *command], variables, Path(tmp, "logs"), prefix_lines=True)
 
     def _run_elastic(
         self, command: list[str], variables: dict[str, str], logs: Path, *, prefix_lines: bool = False
@@ -210,9 +216,13 @@ class SubprocessLauncher(Launcher):
             except ChildFailedError as exc:
                 raise _from_child_failed(exc, self.world_size, self.num_nodes) from exc
             except SignalException as exc:
+                # The agent has stopped every rank. SIGINT ends this process
+                # as Ctrl-C does; any other signal as its default action
+                # would, with the status a shell shows for it (143 for
+                # SIGTERM), rather than elastic's traceback.
                 if exc.sigval == signal.SIGINT:
-                    raise KeyboardInterrupt from exc
-                raise
+                    raise KeyboardInterrupt from None
+                raise SystemExit(128 + int(exc.sigval)) from None
 
     def _rendezvous(self) -> dict[str, Any]:
         timeout = int(self.rendezvous_timeout)
@@ -349,7 +359,11 @@ def _script_command() -> list[str]:
             "python -c, a notebook or a REPL). Run it as `python script.py` or `python -m module`, "
             "or use launcher='spawn' or launcher='fork' (strategies ddp_spawn, ddp_notebook)"
         )
-    return [*_interpreter_options(len(target)), *target, *sys.argv[1:]]
+    return [*_interpreter_options(len(target)), *_RANK_PROGRAM, *target, *sys.argv[1:]]
+
+
+#: What every rank runs before the program (see :mod:`phalanx_torch._rank_program`).
+_RANK_PROGRAM = ("-m", "phalanx_torch._rank_program")
 
 
 def _interpreter_options(target_length: int) -> list[str]:
@@ -381,6 +395,27 @@ def _variables(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _quiet(prefix: str) -> Iterator[None]:
+    """Only critical records from the loggers under ``prefix`` (elastic sets
+    a level on each of its module loggers, so the parent's is not enough)."""
+    import torch.distributed.elastic.agent.server.api  # noqa: F401 - its loggers exist from here on
+
+    loggers = [logging.getLogger(prefix)] + [
+        logger
+        for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith(prefix + ".") and isinstance(logger, logging.Logger)
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager

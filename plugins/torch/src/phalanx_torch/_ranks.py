@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from phalanx_core import MisconfigurationError, WorkerFailedError
 
@@ -47,8 +47,15 @@ def _run_here(index: int, fn: Callable[..., T], args: Sequence[Any], kwargs: Map
     is left only for the launch the launching process waits for."""
     error_file = os.environ.get(_ERROR_FILE_VAR)
     results_dir = os.environ.get(RESULTS_DIR_VAR)
-    if os.environ.get(_LAUNCH_INDEX_VAR, str(index)) != str(index):
-        results_dir = None  # another launch of the re-run script
+    wanted = os.environ.get(_LAUNCH_INDEX_VAR, str(index))
+    if wanted != str(index):
+        raise MisconfigurationError(
+            f"launch() number {index} of a script that launcher 'subprocess' (strategy 'ddp', 'fsdp', "
+            f"'manual') re-runs in every rank; this rank was started for launch number {wanted}. Every "
+            "rank runs the whole script again, so each further launch would run its function again in "
+            "every rank of every launch. Call launch once per script (one function for every phase), "
+            "or use a launcher that does not re-run the script (strategy 'ddp_spawn')"
+        )
     launcher = os.environ.get(_LAUNCHER_PID_VAR, "")
     if launcher.isdigit() and int(launcher) == os.getppid():  # a rank the subprocess launcher started
         _die_with(int(launcher))
@@ -91,6 +98,9 @@ class _Failure:
     exitcode: int | None
     traceback: str | None
     when: float  # seconds since the epoch: when it failed, as near as can be told
+    #: False for a rank known to have failed before it could run fn (a
+    #: spawned process that failed while importing the main script).
+    started: bool = True
 
     @property
     def signal(self) -> str | None:
@@ -167,6 +177,13 @@ def _worker_failed(
             "It had no chance to write a traceback: SIGKILL usually comes from the out-of-memory "
             "killer or a scheduler; check the memory use and the system log (dmesg)"
         )
+    elif not first.started:
+        todo = (
+            "It failed before it could run fn: a process that launcher 'spawn' starts first imports "
+            "your main script again (as __mp_main__) and unpickles fn, and the error that stopped it "
+            "is printed above. The usual cause is code that resolves and launches outside "
+            '`if __name__ == "__main__":`'
+        )
     elif first.signal is not None:
         todo = (
             "It left no Python traceback: a crash in native code; its output above may say more, "
@@ -187,6 +204,24 @@ def _worker_failed(
     )
 
 
+def _warn_died_after_delivery(launcher: str, failure: _Failure, world_size: int) -> None:
+    """A rank that handed its result back and then died by a signal while
+    exiting: its work is done and its result is good, so the launch
+    returns; the death is reported, never hidden. (phalanx's ranks leave
+    without the interpreter's finalization, where gloo's threads abort, so
+    this is something else: a native library's exit handler, or a kill
+    from outside just then.)"""
+    import warnings
+
+    warnings.warn(
+        f"rank {failure.rank} of {world_size} (launcher {launcher!r}) returned its result, then was "
+        f"killed by {failure.signal} while exiting (exit code {failure.exitcode}); the launch returns "
+        "every rank's result. If it happens again, run with `python -X faulthandler` to see where",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def _check_count(launcher: str, name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise MisconfigurationError(f"launcher {launcher!r}: {name}={value!r}; expected an int of at least 1")
@@ -202,6 +237,47 @@ def _die_with(parent: int) -> None:
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before that took effect
             os._exit(1)
+
+
+def _exit_process(code: int, *, run_atexit: bool = True) -> NoReturn:
+    """End this rank's process with ``code``, after what Python's own exit
+    does that matters (the script's non-daemon threads joined, its
+    ``atexit`` handlers run, stdout and stderr flushed), but without the
+    interpreter's finalization.
+
+    Why: gloo's worker threads (``pt_gloo_runloop``) release the tensors of
+    a finished operation a moment after the waiting thread has woken up. If
+    the interpreter is finalizing by then, the release takes the GIL, the
+    finalizing interpreter ends that thread with ``pthread_exit``, and the
+    unwinding through a ``noexcept`` destructor calls ``std::terminate``:
+    the rank dies by SIGABRT ("terminate called without an active
+    exception") after its work was done. It happens with plain torch and
+    ``destroy_process_group()`` too (torch never fixed it: pytorch#179291
+    was abandoned). ``os._exit`` ends every thread at once, with no
+    finalization in which a thread could be ended that way.
+
+    ``run_atexit=False`` in a forked child: the handlers it has are its
+    parent's (a notebook's), not its own.
+    """
+    import threading
+
+    with contextlib.suppress(BaseException):
+        main = threading.main_thread()
+        for thread in threading.enumerate():
+            if thread is not main and not thread.daemon and thread is not threading.current_thread():
+                thread.join()
+    if run_atexit:
+        import atexit
+
+        # Each handler's exception is printed, as at a normal exit, and does
+        # not change the exit code.
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(BaseException):
+            if stream is not None:
+                stream.flush()
+    os._exit(code)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -24,6 +24,7 @@ code or signal and its own traceback, after every other rank was stopped
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import signal
@@ -50,11 +51,13 @@ from ._ranks import (
     _check_count,
     _die_with,
     _dumps_result,
+    _exit_process,
     _Failure,
     _refuse_unforkable,
     _run_here,
     _signal_group,
     _start_methods,
+    _warn_died_after_delivery,
     _worker_failed,
 )
 
@@ -71,7 +74,9 @@ class InProcessLauncher(Launcher):
     """Runs ``fn`` in this process and returns ``[result]``.
 
     For one process alone, or for a process that torchrun, srun or mpirun
-    already made (then the list holds this rank's result only). Nothing is
+    already made: then the list is indexed by global rank, as every
+    launch's is, and holds this rank's result at its rank, ``None`` at the
+    others' (which are in other processes). Nothing is
     created, so nothing needs stopping: an exception of ``fn`` reaches the
     caller unchanged.
 
@@ -98,7 +103,7 @@ class InProcessLauncher(Launcher):
             )
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
-        return [_run_here(next(_LAUNCHES), fn, args, kwargs)]
+        return self.placed(_run_here(next(_LAUNCHES), fn, args, kwargs))  # type: ignore[return-value]
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run the program in this process, as ``python *command`` would:
@@ -206,12 +211,14 @@ class MultiprocessingLauncher(Launcher):
                 finally:
                     writer.close()
                 procs.append(proc)
-            results, failures = _collect(procs, conns)
+            results, failures, died_late = _collect(procs, conns)
             if failures:
                 _stop(procs, spare={f.rank for f in failures})
                 first = min(failures, key=_Failure.order)
-                first = _Failure(first.rank, procs[first.rank].exitcode, first.traceback, first.when)
+                first = dataclasses.replace(first, exitcode=procs[first.rank].exitcode)
                 raise _worker_failed(self.start_method, first, size)
+            for failure in died_late:
+                _warn_died_after_delivery(self.start_method, failure, size)
             return [results[rank] for rank in range(size)]
         finally:
             _stop(procs)
@@ -238,6 +245,7 @@ def _mp_rank(
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # its own group: stopping it stops what it starts
     _die_with(parent)
+    conn.send_bytes(_STARTED)  # past spawn's import of the main script
     os.environ.update(env)
     if start_method == "fork":
         # libgomp (torch's OpenMP) cannot run a parallel region in a child
@@ -261,11 +269,19 @@ def _mp_rank(
         if told and not isinstance(exc, SystemExit):
             # The launching process raises WorkerFailedError with this
             # traceback in it: shown once, there, not also here.
-            sys.exit(1)
+            del exc
+            _exit_process(1, run_atexit=start_method != "fork")
         raise  # multiprocessing prints it to this rank's stderr and exits with 1
     conn.send_bytes(payload)
     conn.close()
+    # The result is delivered: end here, not through the interpreter's
+    # finalization, in which gloo's threads can abort the rank.
+    del payload
+    _exit_process(0, run_atexit=start_method != "fork")
 
+
+#: What a rank sends first: it runs (spawn has imported the main script).
+_STARTED = pickle.dumps(("started",))
 
 #: Seconds to wait for the failure that caused the ones seen first, when
 #: those only say that a peer was lost.
@@ -274,25 +290,32 @@ CAUSE_GRACE = 2.0
 
 def _collect(
     procs: Sequence[BaseProcess], conns: Sequence[Connection]
-) -> tuple[dict[int, Any], list[_Failure]]:
-    """Wait for every rank's result, or until ranks fail; return the results
-    and the failures seen first (possibly several at once)."""
+) -> tuple[dict[int, Any], list[_Failure], list[_Failure]]:
+    """Wait for every rank's result, or until ranks fail; return the results,
+    the failures seen first (possibly several at once), and the ranks that
+    returned their result and were then killed by a signal while exiting."""
     from multiprocessing.connection import wait
 
     results: dict[int, Any] = {}
     failures: list[_Failure] = []
+    late: list[_Failure] = []
     reported: set[int] = set()
+    started: set[int] = set()
     open_conns = {conn: rank for rank, conn in enumerate(conns)}
     running = {proc.sentinel: rank for rank, proc in enumerate(procs)}
 
     def receive(rank: int, conn: Connection) -> None:
-        del open_conns[conn]
         try:
             message = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
+            del open_conns[conn]
             return  # closed without a word: it died; its exit code tells how
         except Exception as exc:  # noqa: BLE001 - a result this process cannot unpickle: that rank failed
             message = ("error", f"its result could not be unpickled here: {type(exc).__name__}: {exc}", 0.0)
+        if message[0] == "started":
+            started.add(rank)
+            return
+        del open_conns[conn]
         reported.add(rank)
         if message[0] == "result":
             results[rank] = message[1]
@@ -308,11 +331,13 @@ def _collect(
                 continue
             del running[sentinel]
             procs[rank].join()
-            if conns[rank] in open_conns and conns[rank].poll():  # what it sent just before it exited
+            while conns[rank] in open_conns and conns[rank].poll():  # what it sent just before it exited
                 receive(rank, conns[rank])
             code = procs[rank].exitcode
-            if rank not in reported or (code != 0 and rank in results):  # died, or died after returning
-                failures.append(_Failure(rank, code, None, time.time()))
+            if rank not in reported:  # died without a word
+                failures.append(_Failure(rank, code, None, time.time(), started=rank in started))
+            elif code != 0 and rank in results:  # died after returning its result
+                late.append(_Failure(rank, code, None, time.time()))
 
     while running and not failures:
         take(wait([*open_conns, *running]))
@@ -325,7 +350,11 @@ def _collect(
         if left <= 0:
             break
         take(wait([*open_conns, *running], timeout=left))
-    return results, failures
+    return (
+        results,
+        failures + [f for f in late if f.signal is None],
+        [f for f in late if f.signal is not None],
+    )
 
 
 def _stop(procs: Sequence[BaseProcess], spare: set[int] | frozenset[int] = frozenset()) -> None:
@@ -350,8 +379,9 @@ def _stop(procs: Sequence[BaseProcess], spare: set[int] | frozenset[int] = froze
 # -- subprocess (script mode, torch elastic) ---------------------------------------------------
 
 
-def _run_program(command: list[str]) -> None:
-    """``python *command`` in this process (a script, or ``-m module``)."""
+def _run_program(command: list[str]) -> dict[str, Any]:
+    """``python *command`` in this process (a script, or ``-m module``);
+    return the program's globals."""
     import runpy
 
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
@@ -361,14 +391,14 @@ def _run_program(command: list[str]) -> None:
                 raise MisconfigurationError("phalanx run -m: name the module to run")
             sys.argv = [command[1], *command[2:]]
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+            return runpy.run_module(command[1], run_name="__main__", alter_sys=True)
         else:
             script = os.path.abspath(command[0])
             if not os.path.exists(script):
                 raise MisconfigurationError(f"phalanx run: no script at {command[0]!r}")
             sys.argv = [command[0], *command[1:]]
             sys.path.insert(0, os.path.dirname(script))
-            runpy.run_path(script, run_name="__main__")
+            return runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:

@@ -143,3 +143,13 @@ def never_arrives(strategy: Any) -> str:
         time.sleep(FOREVER)
     strategy.all_reduce(torch.ones(1))
     return "finished"
+
+
+def aborts_while_exiting(value: Any) -> Any:
+    """Return ``value``, then die by SIGABRT in this rank's exit (an
+    ``atexit`` handler, which a spawned rank runs after handing its result
+    back), as a native library's exit handler might."""
+    import atexit
+
+    atexit.register(os.abort)
+    return value
