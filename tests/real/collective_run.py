@@ -95,7 +95,8 @@ def main() -> int:
     flags = {"accelerator": "cpu", "devices": expected["per_node"], "num_nodes": 1}
     plan = phalanx.plan("ddp", **flags)
     strategy = phalanx.resolve("ddp", **flags, timeout=60)
-    [result] = strategy.launch(run, expected)
+    # In place, launch's list is indexed by global rank: this rank's value at its rank.
+    result = strategy.launch(run, expected)[strategy.global_rank]
     result.update(
         scheduler=which,
         environment=plan.environment.name if plan.environment else None,

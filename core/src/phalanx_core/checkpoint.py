@@ -1,16 +1,46 @@
-"""How a strategy writes and reads checkpoint files."""
+"""How a strategy writes and reads checkpoint files.
+
+Writes are atomic and durable: :class:`TorchCheckpointIO` writes to a
+temporary file of its own in the same directory, fsyncs it, renames it over
+the path and fsyncs the directory, so the path holds either the previous
+checkpoint or the new one, whole, even after a crash or a power loss.
+
+Reads say what is wrong: a file that is empty, truncated, damaged or not a
+checkpoint at all is a :class:`~phalanx_core.MisconfigurationError` that
+names the file (:func:`torch_save_damage` tells which).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import pickle
+import secrets
+import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import MisconfigurationError
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO", "check_module_keys"]
+__all__ = [
+    "CheckpointIO",
+    "TorchCheckpointIO",
+    "check_module_keys",
+    "check_module_shapes",
+    "fsync_directory",
+    "torch_save_damage",
+]
+
+#: What to do about a checkpoint file that is damaged, and about a file
+#: that is not a checkpoint.
+_ADVICE_DAMAGED = (
+    "Load an earlier checkpoint, or copy this one again in full from where it came from (a save that "
+    "did not finish leaves the previous file at the path, never part of a new one)"
+)
+_ADVICE_FOREIGN = "Give the path of a file that save_checkpoint() wrote"
 
 
 class CheckpointIO(ABC):
@@ -28,17 +58,37 @@ class CheckpointIO(ABC):
 
 
 class TorchCheckpointIO(CheckpointIO):
-    """``torch.save`` / ``torch.load``, writing through a temporary file so a
-    crash never leaves half a checkpoint at ``path``."""
+    """``torch.save`` / ``torch.load``.
+
+    :meth:`save` writes to a temporary file next to ``path``
+    (``<name>.<pid>-<random>.partial``: processes or ranks saving to one path
+    at once never share it), fsyncs it, renames it to ``path`` and fsyncs the
+    directory. A save that fails removes its temporary file; one that is
+    killed leaves it, and the previous checkpoint, untouched.
+
+    :meth:`load` raises :class:`~phalanx_core.MisconfigurationError`, naming
+    the file, for a file that is empty, truncated, damaged, not written by
+    ``torch.save``, or not a dict of named entries.
+    """
 
     def save(self, state: dict[str, Any], path: str | os.PathLike[str]) -> None:
         import torch
 
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        torch.save(state, partial)
-        os.replace(partial, target)
+        _make_directories(target.parent)
+        temporary = target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            with open(fd, "wb") as file:
+                torch.save(state, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        fsync_directory(target.parent)
 
     def load(self, path: str | os.PathLike[str], *, weights_only: bool = True) -> dict[str, Any]:
         import torch
@@ -51,8 +101,90 @@ class TorchCheckpointIO(CheckpointIO):
             )
         if not Path(path).is_file():
             raise FileNotFoundError(f"no checkpoint file at {os.fspath(path)!r}")
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=weights_only)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=weights_only)
+        except OSError:
+            raise  # cannot open it: the error names the file
+        except Exception as exc:
+            with open(path, "rb") as file:
+                found = _damage(file)
+            if found is None:
+                if _refused_by_weights_only(exc) or not isinstance(exc, (EOFError, pickle.UnpicklingError)):
+                    raise  # a whole file: torch's own error says what to do
+                found = f"cannot be unpickled ({_first_line(exc)}): it is truncated or damaged", False
+            damage, foreign = found
+            advice = _ADVICE_FOREIGN if foreign else _ADVICE_DAMAGED
+            raise MisconfigurationError(
+                f"cannot load the checkpoint file {os.fspath(path)!r}: it {damage}. {advice}"
+            ) from exc
+        if not isinstance(state, dict) or not all(isinstance(key, str) for key in state):
+            what = (
+                "a dict whose keys are not all strings"
+                if isinstance(state, dict)
+                else f"a {_type_name(state)}"
+            )
+            raise MisconfigurationError(
+                f"cannot load the checkpoint file {os.fspath(path)!r}: torch.load reads {what} from it, "
+                "and a checkpoint is a dict of named entries ({'model': ..., 'optimizer': ..., ...}). "
+                f"{_ADVICE_FOREIGN}, or read this file with torch.load yourself"
+            )
         return state
+
+
+def torch_save_damage(file: IO[bytes]) -> str | None:
+    """What is wrong with the bytes of ``file`` (from its start to its end)
+    as something ``torch.save`` wrote, as the rest of a sentence whose
+    subject is the file ("... is empty (0 bytes)"); ``None`` where nothing
+    is: a whole zip archive with a ``data.pkl`` and correct checksums, or a
+    file in torch's legacy format (which cannot be checked without
+    unpickling it).
+
+    It reads the whole file: call it once loading has failed, to say why.
+    """
+    found = _damage(file)
+    return found[0] if found else None
+
+
+def _damage(file: IO[bytes]) -> tuple[str, bool] | None:
+    """:func:`torch_save_damage`, and whether the file is not torch.save's
+    at all (rather than one cut short or damaged)."""
+    file.seek(0, os.SEEK_END)
+    size = file.tell()
+    file.seek(0)
+    head = file.read(256)
+    file.seek(0)
+    if size == 0:
+        return "is empty (0 bytes)", False
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(file) as archive:
+                names = archive.namelist()
+                if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+                    listed = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                    return f"is a zip archive that torch.save did not write (no data.pkl in {listed})", True
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError):
+            return (
+                f"is truncated: it begins as a torch.save archive (zip), but its {size:,} bytes end "
+                "before the archive's index, which a complete one ends with"
+            ), False
+        finally:
+            file.seek(0)
+        return (f"is damaged: its entry {bad!r} fails its CRC check", False) if bad else None
+    if head.startswith(_LEGACY_HEAD):
+        return None
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return (
+            f"is not a torch.save file but a plain pickle ({size:,} bytes, as pickle.dump writes; "
+            "torch.save writes a zip archive)"
+        ), True
+    text = _as_text(head)
+    if text is not None:
+        return f"is not a torch.save file but text ({size:,} bytes), beginning {text[:60]!r}", True
+    return (
+        f"is not a torch.save file: its {size:,} bytes begin with {head[:8].hex(' ')}, and torch.save "
+        "writes a zip archive, which begins with 50 4b 03 04"
+    ), True
 
 
 def check_module_keys(
@@ -69,3 +201,96 @@ def check_module_keys(
             f"missing from the checkpoint: {missing or 'none'}; in the checkpoint, not in the module: "
             f"{unexpected or 'none'}. Pass strict=False to load the keys both have"
         )
+
+
+def check_module_shapes(
+    path: str | os.PathLike[str], key: str, expected: Mapping[str, Any], saved: Mapping[str, Any]
+) -> None:
+    """Refuse a load whose saved tensors have other shapes than the
+    module's, before anything is loaded: name the entry and the first
+    tensors that differ. ``expected`` is the module's state dict,
+    ``saved`` the checkpoint's, with tensors or their shapes (tuples of
+    ints); names only one of them has, and values that are neither, are
+    not compared."""
+    differ = [
+        f"{name} is {theirs} in the checkpoint and {mine} in the module"
+        for name, value in sorted(expected.items())
+        if (mine := _shape(value)) is not None
+        and (theirs := _shape(saved.get(name))) is not None
+        and theirs != mine
+    ]
+    if differ:
+        raise MisconfigurationError(
+            f"load_checkpoint({os.fspath(path)!r}): the module under {key!r} does not match the checkpoint: "
+            f"{len(differ)} tensor(s) have another shape: {'; '.join(differ[:3])}"
+            f"{'; ...' if len(differ) > 3 else ''}. Load it into a module like the one it was saved from"
+        )
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make what was renamed, created or removed in ``directory`` durable
+    (after ``os.replace``, the new name survives a power loss once this
+    returns). Nothing on systems that cannot open a directory (Windows),
+    nor on file systems that cannot fsync one."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+# -- helpers ------------------------------------------------------------------------
+
+#: How a file in torch's legacy (before 1.6, not zip) format begins: a
+#: pickle (protocol 2) of its magic number.
+_LEGACY_HEAD = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of a tensor, or a shape given as a tuple of ints."""
+    if hasattr(value, "shape"):
+        return tuple(value.shape)
+    if isinstance(value, tuple) and all(isinstance(n, int) for n in value):
+        return tuple(value)
+    return None
+
+
+def _refused_by_weights_only(exc: BaseException) -> bool:
+    return isinstance(exc, pickle.UnpicklingError) and str(exc).startswith("Weights only load failed")
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` as its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _as_text(head: bytes) -> str | None:
+    """``head`` as text, if it is printable UTF-8 (the last character may
+    be cut)."""
+    for cut in range(4):
+        try:
+            text = head[: len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return text if all(c.isprintable() or c in "\t\r\n" for c in text) else None
+    return None
+
+
+def _make_directories(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, durably (each new
+    directory's entry is fsynced in its parent)."""
+    created = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    for new in reversed(created):
+        fsync_directory(new.parent)

@@ -81,6 +81,7 @@ from .errors import MisconfigurationError, NotInGroupError, UnavailableError
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .environment import ClusterEnvironment
+    from .hangs import Board
     from .launcher import Launcher
 
 __all__ = [
@@ -392,6 +393,16 @@ class Collective(ABC):
         """Make a subgroup of ``ranks`` (ranks of this group). Collective:
         every rank calls it. Members get a collective over the subgroup;
         non-members get a :class:`NonMember`."""
+
+    # -- diagnosis -----------------------------------------------------------
+
+    def board(self) -> Board | None:
+        """A fresh connection to a key-value store every rank of this
+        collective's job reaches (torch's rendezvous store, say), for the
+        ranks' hang reports (:mod:`phalanx_core.hangs`); called after
+        :meth:`setup`, and the caller closes it. ``None`` (the default):
+        this collective has none, and each rank reports only its own state."""
+        return None
 
     def __repr__(self) -> str:
         state = f"rank={self.rank}, world_size={self.world_size}" if self.is_initialized else "not set up"

@@ -14,12 +14,20 @@ Core never imports torch at import time; the few methods that need it
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
+from .checkpoint import (
+    CheckpointIO,
+    TorchCheckpointIO,
+    _first_line,
+    check_module_keys,
+    check_module_shapes,
+)
 from .errors import MisconfigurationError
+from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
@@ -53,9 +61,23 @@ class Strategy:
 
     Options every strategy takes: ``deterministic`` (``True`` switches on
     torch's deterministic algorithms in every rank, ``"warn"`` only warns
-    about the nondeterministic ones) and ``checkpoint_io`` (how checkpoint
-    files are written).
+    about the nondeterministic ones), ``checkpoint_io`` (how checkpoint
+    files are written) and ``hang_report`` (seconds an operation may wait
+    before its rank reports where every rank is, see
+    :mod:`phalanx_core.hangs`; default ``PHALANX_HANG_REPORT``, else 300;
+    0 for no reports).
+
+    The operations a rank can wait in for its peers (``setup``,
+    ``backward``, ``optimizer_step``, ``clip_gradients``, the checkpoint
+    methods and every collective) are watched for hang reports, in this
+    class and in every subclass that overrides them.
     """
+
+    _hang_watch: HangWatch | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _watch_methods(cls)
 
     def __init__(
         self,
@@ -69,6 +91,7 @@ class Strategy:
         num_nodes: int = 1,
         checkpoint_io: CheckpointIO | None = None,
         deterministic: bool | str = False,
+        hang_report: float | None = None,
     ) -> None:
         if not isinstance(deterministic, (bool, str)) or deterministic not in (True, False, "warn"):
             raise MisconfigurationError(
@@ -76,6 +99,15 @@ class Strategy:
                 "where an operation has none), 'warn' (a warning instead of the error) or False"
             )
         self.deterministic = deterministic
+        raw = os.environ.get(HANG_REPORT_VAR) if hang_report is None else None
+        #: Seconds before a waiting operation is reported (``inf``: never).
+        self.hang_report = (
+            hang_report_seconds(raw, where=f"the variable {HANG_REPORT_VAR}")
+            if raw
+            else hang_report_seconds(
+                hang_report if hang_report is not None else DEFAULT_HANG_REPORT, where="strategy option"
+            )
+        )
         self._deterministic_before: tuple[bool, bool] | None = None
         self.accelerator = accelerator
         self.environment = environment
@@ -138,6 +170,12 @@ class Strategy:
             self._use_deterministic_algorithms()
         self.accelerator.setup_device(self.root_device)
         self.collective.setup(self.environment, self.accelerator)
+        if self.world_size > 1 and self.hang_report != float("inf"):
+            board = self.collective.board() if self.collective.world_size > 1 else None
+            self._hang_watch = HangWatch(
+                self.hang_report, self.global_rank, self.world_size, board, timeout=self.collective.timeout
+            )
+            self._hang_watch.start()
 
     def _use_deterministic_algorithms(self) -> None:
         import torch
@@ -220,6 +258,9 @@ class Strategy:
 
     def teardown(self) -> None:
         """Leave the group and release what setting up took."""
+        if self._hang_watch is not None:
+            self._hang_watch.stop()
+            self._hang_watch = None
         self.collective.teardown()
         self.precision.teardown()
         self.accelerator.teardown()
@@ -299,7 +340,9 @@ class Strategy:
     def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
         """Save ``state`` to ``path``: modules and optimizers in it are saved
         as their ``state_dict()``, with the precision's state under
-        ``"precision"``. Rank 0 writes; every rank waits for it."""
+        ``"precision"``. Rank 0 writes (atomically: ``path`` holds the
+        previous checkpoint until the new one is complete and fsynced);
+        every rank waits for it."""
         if self.is_global_zero:
             self.checkpoint_io.save(self._to_state(state), path)
         if self.world_size > 1:
@@ -316,10 +359,19 @@ class Strategy:
         """Load a checkpoint from ``path``. Modules and optimizers in
         ``state`` are restored in place from it; the remaining entries of
         the file are returned. With ``strict``, a key of ``state`` missing
-        from the file is an error, and so are mismatched module keys."""
+        from the file is an error, and so are mismatched module keys.
+
+        A file that is not a whole checkpoint (empty, truncated, damaged,
+        not written by ``torch.save``), or an entry that does not fit what
+        it is loaded into (another model's keys or shapes), is a
+        :class:`~phalanx_core.MisconfigurationError` that names the file,
+        raised before anything is loaded where it can be told beforehand."""
         loaded = self.checkpoint_io.load(path, weights_only=weights_only)
-        if "precision" in loaded:
-            self.precision.load_state_dict(loaded.pop("precision"))
+        precision_state = loaded.pop("precision", None)
+        # Check every entry before loading any; then load the modules last
+        # (an optimizer or another object refuses in its load_state_dict),
+        # and the precision's state at the very end.
+        targets: list[tuple[bool, str, Any, Any]] = []
         for key, target in (state or {}).items():
             if key not in loaded:
                 if strict:
@@ -329,14 +381,36 @@ class Strategy:
                     )
                 continue
             value = loaded.pop(key)
-            if hasattr(target, "load_state_dict"):
-                target = self.unwrap_module(target)
-                if _is_module(target):
-                    if strict:
-                        check_module_keys(path, key, target.state_dict(), value)
+            if not hasattr(target, "load_state_dict"):
+                continue
+            target = self.unwrap_module(target)
+            is_module = _is_module(target)
+            if is_module:
+                if not isinstance(value, Mapping):
+                    raise MisconfigurationError(
+                        f"load_checkpoint({os.fspath(path)!r}): the entry {key!r} is not a module's state "
+                        f"dict (it holds a value of type {type(value).__name__}); give the key under which "
+                        "the module was saved"
+                    )
+                mine = target.state_dict()
+                if strict:
+                    check_module_keys(path, key, mine, value)
+                check_module_shapes(path, key, mine, value)
+            targets.append((is_module, key, target, value))
+        for is_module, key, target, value in sorted(targets, key=lambda t: t[0]):
+            try:
+                if is_module:
                     target.load_state_dict(value, strict=strict)
                 else:
                     target.load_state_dict(value)
+            except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+                raise MisconfigurationError(
+                    f"load_checkpoint({os.fspath(path)!r}): the entry {key!r} does not fit the "
+                    f"{type(target).__name__} it was given to ({_first_line(exc)}); "
+                    "load it into one like the one it was saved from"
+                ) from exc
+        if precision_state is not None:
+            self.precision.load_state_dict(precision_state)
         return loaded
 
     def _to_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
@@ -406,6 +480,56 @@ class Strategy:
             for kind in ("accelerator", "environment", "collective", "precision", "launcher")
         )
         return f"{type(self).__name__}({parts})"
+
+
+#: The methods in which a rank can wait for its peers: watched for hang reports.
+_WATCHED = (
+    "setup",
+    "backward",
+    "optimizer_step",
+    "clip_gradients",
+    "save_checkpoint",
+    "load_checkpoint",
+    "barrier",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast_object",
+    "all_gather_object",
+)
+
+
+def _watch_methods(cls: type) -> None:
+    """Wrap the methods of ``_WATCHED`` that ``cls`` defines itself so that
+    the strategy's :class:`~phalanx_core.hangs.HangWatch` sees them."""
+    for name in _WATCHED:
+        method = cls.__dict__.get(name)
+        if callable(method) and not getattr(method, "_phalanx_watched", False):
+            setattr(cls, name, _watched(name, method))
+
+
+def _watched(name: str, method: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(method)
+    def watched(self: Strategy, *args: Any, **kwargs: Any) -> T:
+        watch = self._hang_watch
+        if watch is None:
+            return method(self, *args, **kwargs)
+        outer = watch.enter(name)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            watch.leave(outer)
+
+    watched._phalanx_watched = True  # type: ignore[attr-defined]
+    return watched
+
+
+_watch_methods(Strategy)
 
 
 def _make_optimizer(factory: Any, module: Any) -> Any:

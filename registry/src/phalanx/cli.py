@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from phalanx_core.errors import PhalanxError, WorkerFailedError
+from phalanx_core.hangs import HANG_REPORT_VAR
 from phalanx_core.specs import Kind
 
 from ._registry import Entry, Registry
@@ -139,6 +140,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         ("NODE_RANK", args.node_rank),
         ("MASTER_ADDR", args.main_address),
         ("MASTER_PORT", args.main_port),
+        (HANG_REPORT_VAR, args.hang_report),
     ):
         if value is not None:
             os.environ[var] = str(value)
@@ -243,6 +245,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", help="a precision name (default: '32-true')")
     p.add_argument("--collective", help="a collective name (default: the strategy's)")
     p.add_argument("--launcher", help="a launcher name (default: the strategy's)")
+    p.add_argument(
+        "--hang-report",
+        type=float,
+        metavar="SECONDS",
+        help="seconds an operation may wait before every rank reports where it is (default 300; 0: never)",
+    )
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as python -m runs it")
     p.add_argument("script", metavar="SCRIPT")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")

@@ -55,12 +55,13 @@ def main(out: Path, mode: str) -> None:
     }
     if mode == "fail":
         seen["failing"] = strategy.launch(_fail)
-    seen["contract"] = strategy.launch(contract)[0]
-    seen["train"] = strategy.launch(train)[0]
+    me = strategy.global_rank  # in place, launch's list is indexed by global rank
+    seen["contract"] = strategy.launch(contract)[me]
+    seen["train"] = strategy.launch(train)[me]
     ddp = phalanx.resolve("ddp", accelerator="cpu", devices=2, collective="horovod")
-    seen["ddp"] = [type(ddp.collective).__name__, type(ddp.launcher).__name__, *ddp.launch(train)[0]]
+    seen["ddp"] = [type(ddp.collective).__name__, type(ddp.launcher).__name__, *ddp.launch(train)[me]]
     named = phalanx.resolve("horovod", accelerator="cpu", devices=2, launcher="horovod")
-    seen["named_launcher"] = named.launch(lambda s: (s.global_rank, s.collective.world_size))[0]
+    seen["named_launcher"] = named.launch(lambda s: (s.global_rank, s.collective.world_size))[me]
     if mode == "adopt":
         import horovod.torch as hvd
 

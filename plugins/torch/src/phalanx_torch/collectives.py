@@ -253,6 +253,8 @@ class TorchCollective(Collective):
         #: all_to_all through one buffer: set where the backend has no list
         #: form (gloo before torch 2.13).
         self._all_to_all_in_one = False
+        self._prefix = "phalanx/user-group"
+        self._store_address: tuple[str, int] | None = None
 
     # -- life cycle -------------------------------------------------------
 
@@ -326,9 +328,10 @@ class TorchCollective(Collective):
                 # A group made again in this process (a second launch, or a
                 # set-up after a teardown under torchrun) meets the same
                 # store: a fresh prefix keeps it from reading the last one's keys.
+                self._prefix = f"phalanx/{next(_SETUPS)}"
                 dist.init_process_group(
                     backend,
-                    store=dist.PrefixStore(f"phalanx/{next(_SETUPS)}", store),  # type: ignore[attr-defined]
+                    store=dist.PrefixStore(self._prefix, store),  # type: ignore[attr-defined]
                     rank=rank,
                     world_size=size,
                     timeout=timeout,
@@ -341,6 +344,7 @@ class TorchCollective(Collective):
                 # init_process_group prefixes tracebacks with "[rankN]: "; the
                 # runner (phalanx run) already prefixes every line.
                 sys.excepthook = hook
+        self._store_address = _tcp_address(dist.distributed_c10d._get_default_store())
         self._backend = str(dist.get_backend())
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()
@@ -373,6 +377,20 @@ class TorchCollective(Collective):
     def backend(self) -> str:
         """The c10d backend of this collective's group (``"gloo"``)."""
         return self._backend
+
+    def board(self) -> _StoreBoard | None:
+        """A new client of the group's TCPStore (its own connection: the
+        group's may be busy in a barrier), under this group's prefix."""
+        if self._store_address is None:
+            return None
+        host, port = self._store_address
+        try:
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                host, port, is_master=False, timeout=datetime.timedelta(seconds=30)
+            )
+        except (RuntimeError, ValueError):
+            return None
+        return _StoreBoard(dist.PrefixStore(f"{self._prefix}/hangs", store))  # type: ignore[attr-defined]
 
     @property
     def process_group(self) -> Any:
@@ -678,6 +696,37 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
     "product": dist.ReduceOp.PRODUCT,
 }
+
+
+class _StoreBoard:
+    """:class:`phalanx_core.hangs.Board` over a c10d store."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def post(self, key: str, value: str) -> None:
+        self._store.set(key, value)
+
+    def read(self, key: str) -> str | None:
+        if not self._store.check([key]):
+            return None
+        return bytes(self._store.get(key)).decode()
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._store.add(key, amount))
+
+    def close(self) -> None:
+        self._store = None
+
+
+def _tcp_address(store: Any) -> tuple[str, int] | None:
+    """The host and port of the TCPStore under ``store`` (through prefix
+    stores), or None for another kind."""
+    while store is not None:
+        if isinstance(store, dist.TCPStore):  # type: ignore[attr-defined]
+            return str(store.host), int(store.port)
+        store = getattr(store, "underlying_store", None)
+    return None
 
 
 def _bound_device(backend: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import contextlib
 import io
 import itertools
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
@@ -49,6 +51,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from phalanx_core import MisconfigurationError, check_module_keys
+from phalanx_core.checkpoint import check_module_shapes, fsync_directory, torch_save_damage
 
 from .strategies import TorchGroupStrategy
 
@@ -327,12 +330,21 @@ class FSDPStrategy(TorchGroupStrategy):
             # dicts and lists and turning int keys into strings. Tensors go
             # in as tensors.
             out.update({key: _whole(value) for key, value in self._plain_state(others).items()})
-            with warnings.catch_warnings():
-                # Saving over an earlier checkpoint is what save_checkpoint
-                # does everywhere (torch.save too); torch's checkpoint warns
-                # about it on every save.
-                warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
-                dcp_save(out, checkpoint_id=path)
+            # Every rank writes its shards into a staging directory beside
+            # ``path``; rank 0 swaps it in once all are written and fsynced
+            # (torch.distributed.checkpoint fsyncs each file). A save that
+            # does not finish leaves the previous checkpoint at ``path``.
+            staging, previous = _beside(path, ".partial"), _beside(path, ".previous")
+            if self.is_global_zero:
+                for leftover in (staging, previous):  # of a save that was killed
+                    shutil.rmtree(leftover, ignore_errors=True)
+            if self.world_size > 1:
+                self.barrier()
+            dcp_save(out, checkpoint_id=staging)
+            if self.world_size > 1:
+                self.barrier()
+            if self.is_global_zero:
+                _swap_in(staging, Path(path), previous)
         else:
             if Path(path).is_dir():
                 raise MisconfigurationError(
@@ -378,12 +390,19 @@ class FSDPStrategy(TorchGroupStrategy):
             if not (target / _DCP_METADATA).is_file():
                 raise FileNotFoundError(
                     f"load_checkpoint({os.fspath(path)!r}): this directory is not a sharded checkpoint "
-                    f"(it has no {_DCP_METADATA} file); give the directory save_checkpoint() wrote with "
-                    "state_dict_type='sharded', or a checkpoint file"
+                    f"(it has no {_DCP_METADATA} file, which a save writes last); give a directory that "
+                    "save_checkpoint() finished with state_dict_type='sharded', or a checkpoint file"
                 )
             return self._load_sharded(path, state or {}, strict=strict, weights_only=weights_only)
         if target.is_file():
             return self._load_full(path, state or {}, strict=strict, weights_only=weights_only)
+        previous, staging = _beside(path, ".previous"), _beside(path, ".partial")
+        if (previous / _DCP_METADATA).is_file() and (staging / _DCP_METADATA).is_file():
+            raise FileNotFoundError(
+                f"load_checkpoint({os.fspath(path)!r}): no checkpoint there: a sharded save was stopped "
+                f"while it swapped its new checkpoint in. The previous one is whole at {str(previous)!r}, "
+                f"the new one at {str(staging)!r}; rename the one you want to {os.fspath(path)!r}"
+            )
         raise FileNotFoundError(
             f"load_checkpoint({os.fspath(path)!r}): no checkpoint there (neither a file nor a directory); "
             "give the path save_checkpoint() wrote"
@@ -392,7 +411,8 @@ class FSDPStrategy(TorchGroupStrategy):
     def _load_sharded(
         self, path: str | os.PathLike[str], state: Mapping[str, Any], *, strict: bool, weights_only: bool
     ) -> dict[str, Any]:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = _read_metadata(path)
+        _check_shard_files(path, metadata, contents=False)
         saved = _saved_paths(metadata)
         present = {p[0] for p in saved}
         wanted = _present(path, "the checkpoint", state, present, strict)
@@ -402,7 +422,8 @@ class FSDPStrategy(TorchGroupStrategy):
             template[key] = get_model_state_dict(module)
             if strict:
                 check_module_keys(path, key, set(template[key]), {p[1] for p in saved if p[0] == key})
-            else:
+            check_module_shapes(path, key, template[key], _saved_shapes(metadata, key))
+            if not strict:
                 names = {p[1] for p in saved if p[0] == key and len(p) == 2}
                 template[key] = {name: value for name, value in template[key].items() if name in names}
         for key, (optimizer, module) in optimizers.items():
@@ -421,11 +442,24 @@ class FSDPStrategy(TorchGroupStrategy):
                     if isinstance(md, TensorStorageMetadata)
                     else None,
                 )
-        dcp_load(
-            template,
-            checkpoint_id=path,
-            planner=_LoadPlanner(weights_only=weights_only, allow_partial_load=not strict),
-        )
+        try:
+            dcp_load(
+                template,
+                checkpoint_id=path,
+                planner=_LoadPlanner(weights_only=weights_only, allow_partial_load=not strict),
+            )
+        except CheckpointException as exc:  # raised on every rank, with every rank's failure
+            # Name the damaged file, if one is (each rank looks at every
+            # file, so that every rank says the same).
+            _check_shard_files(path, metadata, contents=True, cause=exc)
+            failures = "; ".join(
+                f"rank {rank}: {_first_line(error)}" for rank, (error, _) in exc.failures.items()
+            )
+            raise MisconfigurationError(
+                f"load_checkpoint({os.fspath(path)!r}): torch.distributed.checkpoint could not read the "
+                f"sharded checkpoint ({failures}). Its files are whole, so it was probably saved from other "
+                "modules or optimizers: load it into ones like those it was saved from"
+            ) from exc
         for key in set(template) - kept:
             if isinstance(metadata.state_dict_metadata.get(key), BytesStorageMetadata):
                 template[key] = torch.load(
@@ -460,37 +494,54 @@ class FSDPStrategy(TorchGroupStrategy):
         # the file (only rank 0 sees it): the module keys, the optimizer
         # groups' sizes.
         layout: dict[str, Any] = {
-            key: _module_keys(loaded[key]) if isinstance(state[key], nn.Module) else _group_sizes(loaded[key])
+            key: _module_shapes(loaded[key])
+            if isinstance(state[key], nn.Module)
+            else _group_sizes(loaded[key])
             for key in sharded
             if key in loaded
         }
-        header = (repr(failure) if failure else None, sorted(loaded), head, layout)
+        # A file that is not a whole checkpoint is the same error on every
+        # rank; anything else rank 0 met, a RuntimeError that quotes it.
+        problem: tuple[bool, str] | None = None
+        if failure is not None:
+            ours = isinstance(failure, MisconfigurationError)
+            problem = (ours, str(failure) if ours else repr(failure))
+        header = (problem, sorted(loaded), head, layout)
         if self.world_size > 1:
             header = self.broadcast_object(header if self.is_global_zero else None, src=0)
         problem, present_keys, head, layout = header
         if failure is not None:
             raise failure
         if problem is not None:
+            ours, message = problem
+            if ours:
+                raise MisconfigurationError(message)
             raise RuntimeError(
-                f"load_checkpoint({os.fspath(path)!r}): rank 0 could not read the checkpoint file: {problem}"
+                f"load_checkpoint({os.fspath(path)!r}): rank 0 could not read the checkpoint file: {message}"
             )
         present = set(present_keys)
         wanted = _present(path, "the file", state, present, strict)
         modules, optimizers, others = self._split_state("load_checkpoint", path, wanted)
         broadcast = self.world_size > 1
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast, strict=strict)
-        # Rank 0 gives the full state dicts, the other ranks empty ones.
+        # Every check on every rank (none is left waiting), before anything
+        # is loaded.
         for key, module in modules.items():
             if layout[key] is None:
                 raise MisconfigurationError(
                     f"load_checkpoint({os.fspath(path)!r}): the entry {key!r} is not a module's state dict; "
                     "give the key under which the module was saved"
                 )
+            mine = get_model_state_dict(module)
             if strict:
-                check_module_keys(path, key, set(get_model_state_dict(module)), set(layout[key]))
+                check_module_keys(path, key, set(mine), set(layout[key]))
+            check_module_shapes(path, key, mine, layout[key])
+        for key, (optimizer, _) in optimizers.items():
+            _check_group_sizes(path, key, layout[key], optimizer)
+        # Rank 0 gives the full state dicts, the other ranks empty ones.
+        for key, module in modules.items():
             set_model_state_dict(module, loaded.get(key, {}), options=options)
         for key, (optimizer, module) in optimizers.items():
-            _check_group_sizes(path, key, layout[key], optimizer)  # on every rank: none is left waiting
             value = loaded.get(key, {})
             if value:
                 value = _optimizer_state_by_name(value, optimizer, module)
@@ -559,6 +610,24 @@ class FSDPStrategy(TorchGroupStrategy):
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def _beside(path: str | os.PathLike[str], suffix: str) -> Path:
+    target = Path(path)
+    return target.with_name(target.name + suffix)
+
+
+def _swap_in(staging: Path, path: Path, previous: Path) -> None:
+    """Put the finished directory ``staging`` at ``path``: the old one moves
+    aside to ``previous`` first (a directory cannot be renamed over a
+    non-empty one), then is removed. Between the two renames ``path`` is
+    missing and both checkpoints are whole; load says so."""
+    fsync_directory(staging)
+    if path.exists():
+        path.rename(previous)
+    staging.rename(path)
+    fsync_directory(path.parent)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _shard_rule(shard_modules: Any) -> tuple[type[nn.Module], ...] | Callable[[nn.Module], Any]:
@@ -675,12 +744,15 @@ def _optimizer_state_by_index(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _module_keys(state: Any) -> list[str] | None:
-    """The keys of a saved module state (None for something that is not
-    one)."""
+def _module_shapes(state: Any) -> dict[str, tuple[int, ...] | None] | None:
+    """The keys of a saved module state, each with its tensor's shape (None
+    for a value that is not a tensor); None for something that is not a
+    module state."""
     if not isinstance(state, Mapping) or not all(isinstance(key, str) for key in state):
         return None
-    return sorted(state)
+    return {
+        key: tuple(value.shape) if isinstance(value, torch.Tensor) else None for key, value in state.items()
+    }
 
 
 def _group_sizes(state: Any) -> list[int] | None:
@@ -750,6 +822,86 @@ def _path_of(metadata: Metadata, flat: str) -> tuple[Any, ...]:
 
 def _saved_paths(metadata: Metadata) -> list[tuple[Any, ...]]:
     return [_path_of(metadata, flat) for flat in metadata.state_dict_metadata]
+
+
+def _saved_shapes(metadata: Metadata, key: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors saved under the module entry ``key``."""
+    shapes = {}
+    for flat, md in metadata.state_dict_metadata.items():
+        where = _path_of(metadata, flat)
+        if where[0] == key and len(where) == 2 and isinstance(md, TensorStorageMetadata):
+            shapes[where[1]] = tuple(md.size)
+    return shapes
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` as its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _damaged(path: str | os.PathLike[str], file: str, what: str) -> str:
+    return (
+        f"load_checkpoint({os.fspath(path)!r}): the sharded checkpoint is damaged: its file {file!r} {what}. "
+        "Load an earlier checkpoint, or copy this directory again in full from where it came from"
+    )
+
+
+def _read_metadata(path: str | os.PathLike[str]) -> Metadata:
+    """The ``.metadata`` of the sharded checkpoint ``path``, or the error
+    that names it and says what is wrong with it."""
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as exc:
+        what = (
+            "is empty (0 bytes)"
+            if (Path(path) / _DCP_METADATA).stat().st_size == 0
+            else f"cannot be read ({_first_line(exc)}): it is truncated, damaged, or not a checkpoint's "
+            "metadata"
+        )
+        raise MisconfigurationError(_damaged(path, _DCP_METADATA, what)) from exc
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "storage_data", None), Mapping):
+        raise MisconfigurationError(
+            _damaged(path, _DCP_METADATA, f"holds a {type(metadata).__name__}, not a checkpoint's Metadata")
+        )
+    return metadata
+
+
+def _check_shard_files(
+    path: str | os.PathLike[str], metadata: Metadata, *, contents: bool, cause: BaseException | None = None
+) -> None:
+    """Refuse a sharded checkpoint whose ``.metadata`` names a file that
+    is missing or shorter than the records it places in it; with
+    ``contents``, also one whose records are not what ``torch.save`` wrote
+    (reading them all: done once a load has failed, to say why)."""
+    records: dict[str, list[tuple[int, int, str, bool]]] = {}
+    for index, info in metadata.storage_data.items():
+        records.setdefault(info.relative_path, []).append(
+            (info.offset, info.length, getattr(index, "fqn", str(index)), not info.transform_descriptors)
+        )
+    for name, placed in sorted(records.items()):
+        file = Path(path) / name
+        if not file.is_file():
+            present = sorted(p.name for p in Path(path).iterdir())
+            what = f"is missing (its .metadata lists it; the directory has {_some(present)})"
+            raise MisconfigurationError(_damaged(path, name, what)) from cause
+        size = file.stat().st_size
+        end = max(offset + length for offset, length, _, _ in placed)
+        if size < end:
+            what = f"is truncated: it has {size:,} bytes, and the .metadata places records up to byte {end:,}"
+            raise MisconfigurationError(_damaged(path, name, what)) from cause
+        if not contents:
+            continue
+        with file.open("rb") as stream:
+            for offset, length, entry, plain in sorted(placed):
+                if not plain:  # written through a transform (compressed): not checked
+                    continue
+                stream.seek(offset)
+                damage = torch_save_damage(io.BytesIO(stream.read(length)))
+                if damage is not None:
+                    where = f"bytes {offset:,} to {offset + length:,}"
+                    what = f"has a damaged record of {entry!r} ({where}): it {damage}"
+                    raise MisconfigurationError(_damaged(path, name, what)) from cause
 
 
 def _put(root: dict[str, Any], where: tuple[Any, ...], value: Any) -> None:

@@ -1,0 +1,92 @@
+"""Hang reports: a rank that waits longer than the report interval says
+where it waits, every other rank says where it is, and the lowest waiting
+rank names the ranks that have not arrived. Real ranks, a real gloo group,
+torch's real store; rank 1 arrives late on purpose, and the job then ends
+normally (a report is a diagnosis, not a failure)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import phalanx
+from phalanx_core import MisconfigurationError
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+pytestmark = pytest.mark.subprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(Path(__file__).resolve().parent / "run_scripts" / "late_rank.py")
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    tag = new_tag()
+    try:
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=scheduler_free_environment(**{TAG_VAR: tag}),
+        )
+    finally:
+        assert not reap(tag), "processes left behind"
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "backward"])
+def test_phalanx_run_reports_a_late_rank(op):
+    done = run(
+        [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2",
+         "--hang-report", "3", SCRIPT, op, "9"]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    assert re.search(rf"\[rank0\]: phalanx: rank 0 of 2 has waited \d+ s in {op} \(its call \d+\)", err)
+    assert "longer than the report interval (3 s; it fails at the timeout, 1800 s). Its Python stack:" in err
+    assert 'late_rank.py", line' in err  # the stack reaches the script
+    if op == "backward":
+        assert "strategy.backward(" in err
+    assert (
+        "[rank1]: phalanx: rank 1 of 2 is not in any operation of the strategy (another rank reported" in err
+    )
+    assert "in fn\n[rank1]:     time.sleep(seconds)" in err  # where the late rank is
+    assert f"[rank0]: phalanx: ranks [0] wait in {op}; the ranks that have not arrived:" in err
+    assert "[rank0]:   rank 1: in no operation of the strategy" in err
+    # Once per wait. (Another report may come before it, on a loaded
+    # machine: one rank can reach DDP's set-up seconds after the other.)
+    assert err.count(f"s in {op} (its call") == 1
+
+
+def test_the_strategy_option_under_ddp_spawn():
+    done = run([sys.executable, SCRIPT, "all_reduce", "9", "--strategy", "ddp_spawn", "--hang-report", "3"])
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"phalanx: rank 0 of 2 has waited \d+ s in all_reduce", done.stderr)
+    assert "phalanx: ranks [0] wait in all_reduce; the ranks that have not arrived:" in done.stderr
+
+
+def test_no_report_below_the_interval():
+    done = run([sys.executable, SCRIPT, "all_reduce", "1", "--strategy", "ddp_spawn", "--hang-report", "30"])
+    assert done.returncode == 0, done.stderr
+    assert "phalanx:" not in done.stderr
+
+
+@pytest.mark.parametrize("value", [-1, "soon", True])
+def test_a_bad_interval_is_refused(value):
+    with pytest.raises(MisconfigurationError, match=r"hang_report=.*give the seconds an operation may wait"):
+        phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, hang_report=value)
+
+
+def test_a_bad_variable_is_refused(monkeypatch):
+    monkeypatch.setenv("PHALANX_HANG_REPORT", "later")
+    with pytest.raises(MisconfigurationError, match=r"the variable PHALANX_HANG_REPORT: hang_report='later'"):
+        phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2)
+
+
+def test_zero_means_no_reports(monkeypatch):
+    monkeypatch.setenv("PHALANX_HANG_REPORT", "0")
+    assert phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2).hang_report == float("inf")
