@@ -1,0 +1,584 @@
+"""A ``torch.distributed.ProcessGroup`` over any phalanx :class:`~phalanx_core.Collective`.
+
+DDP's gradient buckets, FSDP2's all-gathers and reduce-scatters, DeviceMesh
+and DTensor all talk through a ``ProcessGroup``. :class:`CollectiveProcessGroup`
+is one (a Python subclass, as torch's own ``test_c10d_pypg.py`` and torchft
+write them) whose every operation is a call of the collective's contract
+operations, so the collective a user names carries that traffic too::
+
+    pg = CollectiveProcessGroup(strategy.collective).register()
+    model = DistributedDataParallel(model, process_group=pg)
+    fully_shard(model, mesh=pg.device_mesh("cpu"))
+
+How a call maps onto the contract:
+
+* reductions take torch's ``ReduceOp`` by name (``SUM`` -> ``"sum"``,
+  ``AVG`` -> ``"mean"``, ``MIN``, ``MAX``, ``PRODUCT``); ``PREMUL_SUM(f)``
+  is a ``"sum"`` whose result is multiplied by ``f``. Bitwise ops refuse.
+* the contract's ``all_gather`` / ``reduce_scatter`` / ``all_to_all`` return
+  new tensors; torch gives the outputs. The results are copied into them
+  (one copy of the output's size per call: what a native "into this output"
+  operation in the contract would save).
+* ``all_to_all_single`` with split sizes: the contract's ``all_to_all``
+  receives from each rank a tensor shaped as the one sent to it, so uneven
+  splits are padded to the largest split of any rank, which costs one small
+  extra ``all_reduce`` ("max") per call.
+* every operation starts the contract's operation with ``async_op=True``
+  where the contract has it (``send`` / ``recv`` are synchronous there) and
+  returns a :class:`torch.distributed.Work` at once. Its future completes
+  with what torch's backends give (the list of output tensors, ``[bucket]``
+  for DDP's comm hook) once the collective's handles are waited on and the
+  results copied out: by the caller's own ``wait()``, or, for asynchronous
+  calls, by one thread per group that waits on them in the order they were
+  started, so that DDP's reducer, which only watches the future, overlaps its
+  bucket all-reduces with the backward pass as over gloo or nccl. Errors
+  reach ``wait()`` with their own type, and the future as a torch error.
+
+torch's Python helpers (``get_rank(group)``, ``broadcast(src=)``,
+``DeviceMesh.from_group``, functional collectives) look groups up in
+torch's own registry: :meth:`CollectiveProcessGroup.register` puts the group
+there (and ``register(as_world=True)`` in the default group's place, where
+torch has none). Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from phalanx_core import Collective, MisconfigurationError
+
+__all__ = ["CollectiveProcessGroup"]
+
+#: torch's ReduceOp (by its name) -> the contract's.
+_OPS = {"SUM": "sum", "AVG": "mean", "MIN": "min", "MAX": "max", "PRODUCT": "product", "PREMUL_SUM": "sum"}
+_NAMES = itertools.count()
+#: The options of an operation that completed in the call (send, recv).
+_DONE = SimpleNamespace(asyncOp=False)
+#: torch's private registry functions, untyped.
+_c10d: Any = c10d
+
+
+class _Failed:
+    """What an operation's inner future holds when the operation failed."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _unwrap(future: torch.futures.Future[Any]) -> Any:
+    value = future.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class _Op:
+    """One started operation: ``finish`` (wait on the collective's handles,
+    copy into torch's outputs) runs once, in whichever thread claims it
+    first, and completes ``inner`` with its result or a :class:`_Failed`."""
+
+    __slots__ = ("_claimed", "_finish", "_lock", "inner", "queued")
+
+    def __init__(self, finish: Callable[[], Any]) -> None:
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._claimed = False
+        self.queued = False
+        self.inner: torch.futures.Future[Any] = torch.futures.Future()
+
+    def run(self) -> None:
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        try:
+            value = self._finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            value = _Failed(exc)
+        self.inner.set_result(value)
+
+
+class _FutureWork(dist.Work):
+    """A torch ``Work`` done when its operation is.
+
+    Two futures: the operation's inner one, completed with the result or a
+    :class:`_Failed`, and the one torch's C++ code gets (``get_future()``),
+    chained on it. A failure must reach that one as an error raised in a
+    callback, never through ``Future.set_exception``: a future failed from
+    Python crashes DDP's reducer (SIGSEGV, torch 2.13) when it reads the
+    error. ``wait()`` runs the operation's ``finish`` in the waiting thread
+    if the group's thread has not started it yet (no hand-over for callers
+    that wait at once: FSDP on the CPU, DTensor, ``async_op=False``), and
+    raises the operation's own error, its type kept (CollectiveTimeoutError);
+    a ``Work`` made by ``_create_work_from_future`` would return ``True``
+    over a failure.
+    """
+
+    def __init__(self, op: _Op, completer: _Completer) -> None:
+        super().__init__()
+        self._op = op
+        self._completer = completer
+        self._future = op.inner.then(_unwrap)
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._op.run()
+        value = self._op.inner.wait()
+        if isinstance(value, _Failed):
+            raise value.error
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        if not self._op.queued:
+            self._completer.put(self._op)
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._op.inner.done()
+
+    def is_success(self) -> bool:
+        return self._op.inner.done() and not isinstance(self._op.inner.value(), _Failed)
+
+
+class _Completer:
+    """One daemon thread that runs each operation's ``finish`` in the order
+    the operations were started, for the waiters that only watch the
+    future (DDP's reducer)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, finish: Callable[[], Any], *, eager: bool) -> _FutureWork:
+        op = _Op(finish)
+        if eager:
+            self.put(op)
+        return _FutureWork(op, self)
+
+    def put(self, op: _Op) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        op.queued = True
+        self._queue.put(op)
+
+    def _run(self) -> None:
+        while True:
+            op = self._queue.get()
+            if op is None:
+                return
+            op.run()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread = None
+
+
+def _wait(handles: Sequence[Any]) -> list[Any]:
+    return [h.wait() for h in handles]
+
+
+class CollectiveProcessGroup(dist.ProcessGroup):
+    """A ``torch.distributed.ProcessGroup`` whose operations are the
+    operations of ``collective`` (any object meeting phalanx's Collective
+    contract, already set up). Its ranks are the collective's.
+
+    Args:
+        collective: the collective that carries every byte.
+        name: the group's name in torch's registry (:meth:`register`);
+            ``"phalanx:<collective name>:<n>"`` by default.
+    """
+
+    def __init__(self, collective: Collective, *, name: str | None = None) -> None:
+        if not collective.is_initialized:
+            raise MisconfigurationError(
+                f"CollectiveProcessGroup({collective!r}): the collective is not set up; call "
+                "collective.setup(...) first (strategy.collective is, inside strategy.launch(fn))"
+            )
+        super().__init__(collective.rank, collective.world_size)  # type: ignore[call-arg]
+        self._collective = collective
+        #: the same, for the calls: an async call returns a Work, which the
+        #: contract's return types (``Tensor | Work``) do not narrow.
+        self._c: Any = collective
+        self._group_name = name or f"phalanx:{collective.name}:{next(_NAMES)}"
+        self._completer = _Completer(f"phalanx-pg-{self._group_name}")
+        self._registered = False
+
+    @property
+    def collective(self) -> Collective:
+        """The collective under this group."""
+        return self._collective
+
+    # -- identity ----------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return f"phalanx-{self._collective.name}"
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_desc(self) -> str:
+        return f"phalanx collective {self._collective.name!r}"
+
+    def register(self, *, as_world: bool = False) -> CollectiveProcessGroup:
+        """Enter this group in torch's registry, as ``new_group`` does for
+        its groups, so that torch's helpers accept it: ``get_rank(group)``,
+        ``broadcast(src=...)`` (global ranks), ``DeviceMesh.from_group``,
+        functional collectives and DTensor. Returns the group.
+
+        ``as_world=True`` also makes it torch's default group, where there
+        is none (the collective is not torch's: MPI, Horovod, a third
+        party's): ``DeviceMesh`` asks the default group for this process's
+        rank, and code that passes no group then talks through this one.
+        """
+        if as_world:
+            if dist.is_initialized() and _c10d._get_default_group() is not self:
+                raise MisconfigurationError(
+                    f"{self!r}.register(as_world=True): torch already has a default process group "
+                    f"({_c10d._get_default_group()!r}); use it, or register this one without as_world"
+                )
+            if self._collective.global_ranks != tuple(range(self._collective.world_size)):
+                raise MisconfigurationError(
+                    f"{self!r}.register(as_world=True): the world group must hold every rank in "
+                    f"order; this collective's ranks are {list(self._collective.global_ranks)}"
+                )
+        if not self._registered:
+            ranks = {world: mine for mine, world in enumerate(self._collective.global_ranks)}
+            store = _c10d._get_default_store() if dist.is_initialized() else dist.HashStore()  # type: ignore[attr-defined]
+            backend = self.getBackendName()
+            register = getattr(c10d, "_register_pg_in_world", None)
+            if register is not None:  # torch 2.13 on
+                register(self, backend, store, self._group_name, backend, rank_mapping=ranks)
+            else:
+                _c10d._world.pg_map[self] = (backend, store)
+                _c10d._world.pg_names[self] = self._group_name
+                _c10d._world.pg_backend_config[self] = backend
+                _c10d._world.pg_group_ranks[self] = ranks
+                _c10d._world.tags_to_pg.setdefault(f"ptd:{self._group_name}", []).append(self)
+                _c10d._world.pg_to_tag[self] = f"ptd:{self._group_name}"
+                _c10d._register_process_group(self._group_name, self)
+            self._registered = True
+        if as_world:
+            _c10d._update_default_pg(self)
+        return self
+
+    def device_mesh(self, device_type: str) -> Any:
+        """A one-dimensional ``DeviceMesh`` over this group (registered
+        first), for ``fully_shard(mesh=...)`` and DTensor.
+
+        Its dimension is named after the group: DeviceMesh equality ignores
+        the process group, so a mesh over the same ranks and device built
+        on torch's own group would otherwise compare equal to this one, and
+        DTensor's caches (sharding propagation, redistribute plans) would
+        hand one mesh's DTensors the other's group."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        self.register()
+        return DeviceMesh.from_group(self, device_type, mesh_dim_names=(self._group_name,))
+
+    def unregister(self) -> None:
+        """Take this group out of torch's registry (and out of the default
+        group's place, if it held it) and stop its thread."""
+        self._completer.close()
+        if not self._registered:
+            return
+        world = _c10d._world
+        for table in (world.pg_map, world.pg_names, world.pg_backend_config, world.pg_group_ranks):
+            table.pop(self, None)
+        tag = world.pg_to_tag.pop(self, None)
+        if tag is not None and self in world.tags_to_pg.get(tag, []):
+            world.tags_to_pg[tag].remove(self)
+        _c10d._unregister_process_group(self._group_name)
+        if world.default_pg is self:
+            _c10d._update_default_pg(None)
+        self._registered = False
+
+    def shutdown(self) -> None:
+        """Stop the group's thread (``destroy_process_group(group)`` calls
+        it, then takes the group out of torch's registry itself)."""
+        self._completer.close()
+
+    def abort(self) -> None:
+        self._completer.close()
+
+    # -- helpers -----------------------------------------------------------
+
+    def _start(self, finish: Callable[[], Any], opts: Any) -> _FutureWork:
+        """The Work of an operation started; ``finish`` completes it. The
+        group's thread runs it for an asynchronous call (``opts.asyncOp``,
+        as torch's Python API sets it, and true in C++ callers' options);
+        a synchronous caller waits at once and runs it itself, so it is
+        handed to the thread only if someone asks for the future."""
+        return self._completer.submit(finish, eager=bool(getattr(opts, "asyncOp", True)))
+
+    def _op(self, opts: Any) -> tuple[str, float | None]:
+        """The contract's op name, and the factor to multiply the result by
+        (PREMUL_SUM)."""
+        reduce_op = getattr(opts, "reduceOp", opts) if opts is not None else dist.ReduceOp.SUM
+        kind = getattr(reduce_op, "op", reduce_op)
+        kind_name = getattr(kind, "name", str(kind))
+        name = _OPS.get(kind_name)
+        if name is None:
+            raise MisconfigurationError(
+                f"{self.getBackendName()}: torch asked for ReduceOp.{kind_name}, which the Collective "
+                f"contract has no name for; it has {', '.join(sorted(set(_OPS.values())))} "
+                "(SUM, AVG, MIN, MAX, PRODUCT, PREMUL_SUM)"
+            )
+        factor = getattr(reduce_op, "factor", None) if kind_name == "PREMUL_SUM" else None
+        return name, (float(factor) if factor is not None else None)
+
+    @staticmethod
+    def _tensors(tensors: Any) -> list[torch.Tensor]:
+        return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+    # -- reductions --------------------------------------------------------
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        tensors_: list[torch.Tensor] = self._tensors(tensors)
+        op, factor = self._op(opts)
+        handles = [self._c.all_reduce(t, op, async_op=True) for t in tensors_]
+
+        def finish() -> list[torch.Tensor]:
+            _wait(handles)
+            if factor is not None:
+                for t in tensors_:
+                    t.mul_(factor)
+            return tensors_
+
+        return self._start(finish, opts)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        tensors_: list[torch.Tensor] = self._tensors(tensors)
+        op, factor = self._op(opts)
+        root = getattr(opts, "rootRank", 0)
+        handles = [self._c.reduce(t, root, op, async_op=True) for t in tensors_]
+
+        def finish() -> list[torch.Tensor]:
+            _wait(handles)
+            if factor is not None and self._collective.rank == root:
+                for t in tensors_:
+                    t.mul_(factor)
+            return tensors_
+
+        return self._start(finish, opts)
+
+    def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Callable[[], Any]:
+        op, factor = self._op(opts)
+        size = self._collective.world_size
+        if input.numel() != output.numel() * size:
+            raise MisconfigurationError(
+                f"reduce_scatter: the input has {input.numel()} elements, the output {output.numel()}; "
+                f"the input must have the output's times the group's size ({size})"
+            )
+        handle = self._c.reduce_scatter(input.reshape(size, -1), op, async_op=True)
+
+        def finish() -> torch.Tensor:
+            output.view(-1).copy_(handle.wait().view(-1))
+            if factor is not None:
+                output.mul_(factor)
+            return output
+
+        return finish
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        finish = self._reduce_scatter_into(output, input, opts)
+        return self._start(lambda: [finish()], opts)
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        finishes = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._start(lambda: [f() for f in finishes], opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
+
+    def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        # One stacked copy of the inputs: the contract reduces one tensor.
+        finishes = [
+            self._reduce_scatter_into(o, torch.stack(list(ins)), opts)
+            for o, ins in zip(self._tensors(outputs), input_lists, strict=True)
+        ]
+        return self._start(lambda: [f() for f in finishes], opts)
+
+    # -- gathers -------------------------------------------------------------
+
+    def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor) -> Callable[[], Any]:
+        size = self._collective.world_size
+        if output.numel() != input.numel() * size:
+            raise MisconfigurationError(
+                f"all_gather: the output has {output.numel()} elements, the input {input.numel()}; "
+                f"the output must have the input's times the group's size ({size})"
+            )
+        handle = self._c.all_gather(input, async_op=True)
+
+        def finish() -> torch.Tensor:
+            chunks = output.view(size, -1)
+            for chunk, part in zip(chunks, handle.wait(), strict=True):
+                chunk.copy_(part.reshape(-1))
+            return output
+
+        return finish
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        finish = self._all_gather_into(output, input)
+        return self._start(lambda: [finish()], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        finishes = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._start(lambda: [f() for f in finishes], opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
+
+    def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        inputs = self._tensors(inputs)
+        if output_lists and isinstance(output_lists[0], torch.Tensor):
+            output_lists = [output_lists]
+        handles = [self._c.all_gather(t, async_op=True) for t in inputs]
+
+        def finish() -> list[torch.Tensor]:
+            for outs, parts in zip(output_lists, _wait(handles), strict=True):
+                for out, part in zip(outs, parts, strict=True):
+                    out.copy_(part)
+            return [t for outs in output_lists for t in outs]
+
+        return self._start(finish, opts)
+
+    def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        # torch's layout: output_lists[rank][i] is that rank's inputs[i].
+        handles = [self._c.all_gather(t, async_op=True) for t in inputs]
+
+        def finish() -> list[torch.Tensor]:
+            for i, parts in enumerate(_wait(handles)):
+                for rank, part in enumerate(parts):
+                    output_lists[rank][i].copy_(part)
+            return [t for outs in output_lists for t in outs]
+
+        return self._start(finish, opts)
+
+    def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        root = getattr(opts, "rootRank", 0)
+        handle = self._c.gather(self._tensors(inputs)[0], root, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            parts = handle.wait()
+            outs = list(output_lists[0]) if output_lists else []
+            for out, part in zip(outs, parts, strict=True):
+                out.copy_(part)
+            return outs
+
+        return self._start(finish, opts)
+
+    def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        root = getattr(opts, "rootRank", 0)
+        output = self._tensors(outputs)[0]
+        chunks = list(input_lists[0]) if self._collective.rank == root and input_lists else None
+        handle = self._c.scatter(output, chunks, root, async_op=True)
+        return self._start(lambda: [handle.wait()], opts)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        tensors = self._tensors(tensors)
+        root = getattr(opts, "rootRank", 0)
+        handles = [self._c.broadcast(t, root, async_op=True) for t in tensors]
+        return self._start(lambda: (_wait(handles), tensors)[1], opts)
+
+    # -- all to all ----------------------------------------------------------
+
+    def _all_to_all(self, sends: list[torch.Tensor], receive_rows: list[int] | None) -> Callable[[], Any]:
+        """Start the contract's all_to_all of ``sends``; ``finish()`` returns
+        what each rank sent. ``receive_rows``: the rows (dim 0) to receive
+        from each rank where they may differ from the rows sent to it; the
+        chunks then travel padded to the largest of any rank."""
+        if receive_rows is None:
+            handle = self._c.all_to_all(sends, async_op=True)
+            return lambda: handle.wait()
+        longest = torch.tensor([max([*receive_rows, *(s.shape[0] for s in sends), 0])], dtype=torch.int64)
+        rows = int(self._c.all_reduce(longest.to(sends[0].device), "max").item())
+        padded = []
+        for s in sends:
+            p = s.new_zeros((rows, *s.shape[1:]))
+            p[: s.shape[0]].copy_(s)
+            padded.append(p)
+        handle = self._c.all_to_all(padded, async_op=True)
+        return lambda: [r[:n] for r, n in zip(handle.wait(), receive_rows, strict=True)]
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> dist.Work:
+        size = self._collective.world_size
+        # Split sizes given (by every rank, as torch's callers do): padded.
+        uneven = bool(output_split_sizes) or bool(input_split_sizes)
+        ins = list(input_split_sizes) or [input.shape[0] // size] * size
+        outs = list(output_split_sizes) or [output.shape[0] // size] * size
+        received = self._all_to_all(list(torch.split(input, ins)), outs if uneven else None)
+
+        def finish() -> list[torch.Tensor]:
+            for chunk, part in zip(torch.split(output, outs), received(), strict=True):
+                chunk.copy_(part)
+            return [output]
+
+        return self._start(finish, opts)
+
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
+
+    def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        # Flattened, each padded to the longest of any rank: whether the
+        # shapes differ is known to each rank only for itself, and every
+        # rank must take the same path.
+        received = self._all_to_all([i.reshape(-1) for i in inputs], [o.numel() for o in outputs])
+
+        def finish() -> list[torch.Tensor]:
+            for out, part in zip(outputs, received(), strict=True):
+                out.copy_(part.view(out.shape))
+            return list(outputs)
+
+        return self._start(finish, opts)
+
+    # -- the rest ----------------------------------------------------------
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        handle = self._c.barrier(async_op=True)
+        return self._start(lambda: (handle.wait() if handle is not None else None, [])[1], opts)
+
+    def send(self, tensors: Any, dst_rank: int, tag: int = 0) -> dist.Work:
+        # The contract's send is synchronous: it returns once sent.
+        tensors = self._tensors(tensors)
+        for t in tensors:
+            self._c.send(t, dst_rank, tag=tag)
+        return self._start(lambda: tensors, _DONE)
+
+    def recv(self, tensors: Any, src_rank: int, tag: int = 0) -> dist.Work:
+        tensors = self._tensors(tensors)
+        for t in tensors:
+            self._c.recv(t, src_rank, tag=tag)
+        return self._start(lambda: tensors, _DONE)
+
+    def __repr__(self) -> str:
+        return f"CollectiveProcessGroup({self._collective!r}, name={self._group_name!r})"
