@@ -75,6 +75,31 @@ def test_explain_prints_the_plan():
 
 
 @pytest.mark.parametrize(
+    ("argv", "listens"),
+    [
+        (
+            ["--strategy", "ddp_spawn", "--devices", "2"],
+            "127.0.0.1 only: the launcher's rendezvous store and every rank's gloo",
+        ),
+        (
+            ["--strategy", "ddp", "--devices", "2"],
+            "127.0.0.1 only: the agent's rendezvous store and every rank's gloo",
+        ),
+        (
+            ["--strategy", "ddp", "--devices", "2", "--num-nodes", "2"],
+            "node 0's rendezvous store (MASTER_PORT) and every rank's gloo on the address that reaches MASTER_ADDR",
+        ),
+    ],
+)
+def test_explain_says_where_the_job_listens(argv, listens):
+    code, out = run("explain", "--accelerator", "cpu", *argv)
+    assert code == 0
+    assert out.splitlines()[-1].startswith(f"listens on   {listens}")
+    code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
+    assert json.loads(out)["listens"].startswith(listens)
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--strategy", "nope"], "unknown strategy 'nope'"),

@@ -63,6 +63,13 @@ class Launcher(ABC):
         self.num_nodes = num_nodes
 
     @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        """Where the sockets of a job this launcher starts listen, in a few
+        words, for ``phalanx explain`` (the rendezvous store, the ranks'
+        own connections); ``None`` when the launcher does not say."""
+        return None
+
+    @classmethod
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
         """Whether this launcher can be used where ``environment`` (a class
         whose ``creates_processes_externally`` is true) already started one

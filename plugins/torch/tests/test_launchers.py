@@ -448,6 +448,50 @@ def test_script_mode_without_restarts_fails(tmp_path):
     assert job.failure["rank"] == 1
 
 
+# -- where a job listens ----------------------------------------------------------------------------
+
+
+def only_loopback(results: list[dict[str, list[str]]]) -> None:
+    for result in results:
+        assert result["launcher"], result  # the store
+        assert result["rank"], result  # gloo
+        assert {*result["launcher"], *result["rank"]} == {"127.0.0.1"}, result
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_one_node_listens_on_loopback_only_spawn():
+    # The launcher's store and every rank's gloo: nothing of a one-node job
+    # can be reached from another machine (torch's own choices: the store
+    # on every interface, gloo on the address of this host's name).
+    only_loopback(phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2).launch(rank_fns.listening))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_one_node_listens_on_loopback_only_script_mode():
+    [results] = run_job("listening", "--strategy", "ddp", "--processes", "2").results
+    only_loopback(results)
+
+
+def test_the_address_a_node_listens_on():
+    from phalanx_torch._listen import LOOPBACK, gloo_variables, interface_of, listen_address
+
+    assert listen_address("192.0.2.1", 29500, num_nodes=1) == LOOPBACK
+    # Several nodes with a loopback main address (node 0's name mapped to
+    # 127.0.1.1): nothing better is known, so every interface, as torch.
+    assert listen_address("127.0.0.1", 29500, num_nodes=2) == ""
+    assert interface_of("") is None
+    if sys.platform.startswith("linux"):
+        assert interface_of(LOOPBACK) is not None
+        assert gloo_variables(LOOPBACK) == {"GLOO_SOCKET_IFNAME": interface_of(LOOPBACK)}
+
+
+def test_a_gloo_interface_the_user_chose_is_kept(monkeypatch):
+    from phalanx_torch._listen import LOOPBACK, gloo_variables
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert gloo_variables(LOOPBACK) == {}
+
+
 def test_two_nodes_of_two_processes_make_one_world_of_four():
     with socket.socket() as probe:  # the port the user would choose for node 0
         probe.bind(("127.0.0.1", 0))

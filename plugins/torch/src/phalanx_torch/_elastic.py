@@ -24,6 +24,7 @@ from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
+from ._listen import LOOPBACK, gloo_variables, hosted_store, listen_address
 from ._ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
@@ -70,12 +71,15 @@ class SubprocessLauncher(Launcher):
         rendezvous_timeout: seconds to wait for every node to join.
 
     One node (like ``torchrun --standalone``): a rendezvous of this module
-    that gives every round, the first and each restart, a new TCPStore on
-    ``127.0.0.1`` on a port the kernel gives; the agent keeps it and the
-    ranks join it as clients. Several nodes: elastic's static rendezvous at
-    the environment's ``main_address``/``main_port`` (``MASTER_ADDR`` /
-    ``MASTER_PORT``), which node 0 hosts; start the same script on every
-    node with its ``NODE_RANK``. A failure stops this node's ranks; the
+    that gives every round, the first and each restart, a new TCPStore
+    listening on ``127.0.0.1`` only, on a port the kernel gives; the agent
+    keeps it and the ranks join it as clients, and their gloo listens on
+    ``127.0.0.1`` too. Several nodes: elastic's static rendezvous at the
+    environment's ``main_address``/``main_port`` (``MASTER_ADDR`` /
+    ``MASTER_PORT``), which node 0 hosts, listening (as the ranks' gloo) on
+    the address this node reaches the main address from (see
+    :mod:`._listen`); start the same script on every node with its
+    ``NODE_RANK``. A failure stops this node's ranks; the
     other nodes learn of it when their collectives fail or time out.
     """
 
@@ -131,6 +135,15 @@ class SubprocessLauncher(Launcher):
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_nodes
+
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        if num_nodes == 1:
+            return "127.0.0.1 only: the agent's rendezvous store and every rank's gloo"
+        return (
+            "node 0's rendezvous store (MASTER_PORT) and every rank's gloo on the address that reaches "
+            "MASTER_ADDR (the route's source address); on every interface where that is a loopback address"
+        )
 
     @classmethod
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
@@ -193,6 +206,9 @@ class SubprocessLauncher(Launcher):
             # How long a stopped job's ranks get between SIGTERM and SIGKILL,
             # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
             newer["shutdown_timeout"] = STOP_GRACE
+        rendezvous = self._rendezvous()
+        gloo = gloo_variables(rendezvous.pop("listen"))
+        variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo}
         config = LaunchConfig(
             min_nodes=self.num_nodes,
             max_nodes=self.num_nodes,
@@ -208,9 +224,9 @@ class SubprocessLauncher(Launcher):
             ),
             log_line_prefix_template="[rank${rank}]: " if prefix_lines else None,
             **newer,
-            **self._rendezvous(),
+            **rendezvous,
         )
-        with _variables({**variables, "NODE_RANK": str(self.node_rank)}), _signal_handlers_kept():
+        with _variables(variables), _signal_handlers_kept():
             try:
                 elastic_launch(config, sys.executable)(*command)
             except ChildFailedError as exc:
@@ -225,13 +241,16 @@ class SubprocessLauncher(Launcher):
                 raise SystemExit(128 + int(exc.sigval)) from None
 
     def _rendezvous(self) -> dict[str, Any]:
+        """LaunchConfig's rendezvous fields, and under ``"listen"`` the
+        address this node's sockets listen on (see :mod:`._listen`)."""
         timeout = int(self.rendezvous_timeout)
         if self.num_nodes == 1:
             return {
                 "run_id": f"phalanx-{uuid.uuid4().hex}",
-                "rdzv_backend": _register_one_node_rendezvous(),
+                "rdzv_backend": _register_rendezvous(_ONE_NODE, _create_one_node_rendezvous),
                 "rdzv_configs": {"timeout": timeout},
-                "local_addr": "127.0.0.1",
+                "local_addr": LOOPBACK,
+                "listen": LOOPBACK,
             }
         if self.environment is not None:
             address, port = self.environment.main_address, self.environment.main_port
@@ -242,9 +261,10 @@ class SubprocessLauncher(Launcher):
             )
         return {
             "run_id": f"phalanx-{address}:{port}",  # the same on every node
-            "rdzv_backend": "static",
+            "rdzv_backend": _register_rendezvous(_STATIC, _create_static_rendezvous),
             "rdzv_endpoint": f"{address}:{port}",
             "rdzv_configs": {"rank": self.node_rank, "timeout": timeout},
+            "listen": listen_address(address, port, self.num_nodes),
         }
 
     def _results(self, folder: Path, index: int) -> list[Any]:
@@ -266,14 +286,49 @@ class SubprocessLauncher(Launcher):
 
 
 _ONE_NODE = "phalanx-one-node"
+_STATIC = "phalanx-static"
 
 
-def _register_one_node_rendezvous() -> str:
-    """Register (once) elastic's rendezvous for one node and return its name."""
+def _register_rendezvous(name: str, create: Callable[[Any], Any]) -> str:
+    """Register (once) one of this module's elastic rendezvous; return its name."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(_ONE_NODE, _create_one_node_rendezvous)
-    return _ONE_NODE
+    rendezvous_handler_registry.register(name, create)
+    return name
+
+
+def _create_static_rendezvous(params: Any) -> Any:
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    static: Any = create_rdzv_handler(params)  # checks the endpoint and the rank
+    timeout = int(static.timeout.total_seconds())
+    return _static_rendezvous_class()(
+        static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
+    )
+
+
+@functools.cache
+def _static_rendezvous_class() -> type:
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    class StaticRendezvous(StaticTCPRendezvous):
+        """Elastic's static rendezvous (several nodes; node 0's agent hosts
+        the store), with node 0's store listening on the address the other
+        nodes reach it by (see :mod:`._listen`), not on every interface."""
+
+        def get_backend(self) -> str:
+            return _STATIC
+
+        def next_rendezvous(self) -> Any:
+            if self._store is None and self.rank == 0:
+                address = listen_address(self.master_addr, self.master_port, self.world_size)
+                if address:  # else torch's own store, on every interface
+                    self._store = hosted_store(
+                        address, self.master_port, world_size=self.world_size, timeout=self.timeout
+                    )
+            return super().next_rendezvous()
+
+    return StaticRendezvous
 
 
 def _create_one_node_rendezvous(params: Any) -> Any:
@@ -315,12 +370,10 @@ def _one_node_rendezvous_class() -> type:
 
         def next_rendezvous(self) -> Any:
             self._store = None  # the ranks of the round before are stopped
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=self._timeout
-            )
+            self._store = hosted_store(LOOPBACK, wait_for_workers=False, timeout=self._timeout)
             self._round += 1
             prefixed = dist.PrefixStore(f"{self._run_id}/{self._round}", self._store)  # type: ignore[attr-defined]
-            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo("127.0.0.1", self._store.port))
+            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port))
 
         def is_closed(self) -> bool:
             return self._closed

@@ -7,11 +7,11 @@ three differences that make a rank end the way it should:
   SIGKILL (``PR_SET_PDEATHSIG``, armed before the program starts);
 - Ctrl-C ends the rank quietly (exit code 130): the launching process says
   once that the job was interrupted, instead of one traceback per rank;
-- the rank ends with :func:`~phalanx_torch._ranks._exit_process` once the
+- the rank ends with :func:`~phalanx_core._process.exit_process` once the
   program is done: its threads joined, its ``atexit`` handlers run, its
   namespace cleared (unclosed files flushed) and its output flushed, then
   ``os._exit`` with the program's exit code. Python's finalization, in
-  which gloo's worker threads abort the process (see ``_exit_process``),
+  which gloo's worker threads abort the process (see ``exit_process``),
   never runs.
 
 Imports no torch itself; the program does.
@@ -26,7 +26,9 @@ import sys
 from types import TracebackType
 from typing import NoReturn
 
-from ._ranks import _LAUNCHER_PID_VAR, _die_with, _exit_process
+from phalanx_core._process import exit_process
+
+from ._ranks import _LAUNCHER_PID_VAR, _die_with
 
 
 def main(argv: list[str]) -> NoReturn:
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> NoReturn:
         # not (the program's own folder goes there instead).
         del sys.path[0]
     code = _run(argv)
-    _exit_process(code)
+    exit_process(code)
 
 
 def _run(command: list[str]) -> int:

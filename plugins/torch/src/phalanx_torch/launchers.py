@@ -15,6 +15,10 @@ whole launch, and tell the ranks to join it as clients
 (``TORCHELASTIC_USE_AGENT_STORE=True``, read by torch's ``env://``
 rendezvous); ``subprocess`` does the same through elastic's agent.
 
+**Where a job listens** (see :mod:`phalanx_torch._listen`): on one node, the
+store and the ranks' gloo listen on ``127.0.0.1`` only; on several, on the
+address that reaches node 0, not on every interface.
+
 **The failure contract** (see :class:`phalanx_core.Launcher`): the first rank
 to fail is reported as :class:`~phalanx_core.WorkerFailedError` with its exit
 code or signal and its own traceback, after every other rank was stopped
@@ -35,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from phalanx_core import Launcher, MisconfigurationError
+from phalanx_core._process import exit_process
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
 from ._elastic import SubprocessLauncher
+from ._listen import LOOPBACK, gloo_variables, hosted_store
 from ._ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
@@ -51,7 +57,6 @@ from ._ranks import (
     _check_count,
     _die_with,
     _dumps_result,
-    _exit_process,
     _Failure,
     _refuse_unforkable,
     _run_here,
@@ -107,8 +112,21 @@ class InProcessLauncher(Launcher):
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run the program in this process, as ``python *command`` would:
-        ``sys.argv`` and ``sys.path[0]`` set, ``__name__ == "__main__"``."""
-        _run_program(list(command))
+        ``sys.argv`` and ``sys.path[0]`` set, ``__name__ == "__main__"``.
+        Its globals are dropped afterwards (its unclosed files flushed and
+        closed), as the interpreter's exit would, which ``phalanx run``
+        leaves without."""
+        import gc
+
+        _run_program(list(command)).clear()
+        gc.collect()
+
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        return (
+            "nothing that phalanx opens; ranks that torchrun, srun or mpirun started listen where those "
+            "tools and torch put them"
+        )
 
 
 class MultiprocessingLauncher(Launcher):
@@ -160,6 +178,10 @@ class MultiprocessingLauncher(Launcher):
         # Per instance: "fork" works in a notebook, "spawn" does not.
         self.is_interactive_compatible = start_method == "fork"  # type: ignore[misc]
 
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        return "127.0.0.1 only: the launcher's rendezvous store and every rank's gloo"
+
     def run_script(self, command: Sequence[str]) -> None:
         """A program cannot be forked or spawned as a function: its ranks
         are started as fresh interpreters under torch elastic, as the
@@ -167,7 +189,6 @@ class MultiprocessingLauncher(Launcher):
         SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(command)
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
-        import torch.distributed as dist
         import torch.multiprocessing as mp
 
         next(_LAUNCHES)
@@ -175,17 +196,18 @@ class MultiprocessingLauncher(Launcher):
             _refuse_unforkable()
         ctx: Any = mp.get_context(self.start_method)
         size = self.num_processes
-        # Kept alive until every rank has finished: the ranks' rendezvous.
-        # (torch.distributed re-exports TCPStore without listing it)
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+        # Kept alive until every rank has finished: the ranks' rendezvous,
+        # on loopback only, as the ranks' gloo (see _listen).
+        store = hosted_store(LOOPBACK, wait_for_workers=False)
         common = {
             "WORLD_SIZE": str(size),
             "LOCAL_WORLD_SIZE": str(size),
             "NODE_RANK": "0",
             "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": LOOPBACK,
             "MASTER_PORT": str(store.port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
+            **gloo_variables(LOOPBACK),
         }
         procs: list[BaseProcess] = []
         conns: list[Connection] = []
@@ -270,14 +292,14 @@ def _mp_rank(
             # The launching process raises WorkerFailedError with this
             # traceback in it: shown once, there, not also here.
             del exc
-            _exit_process(1, run_atexit=start_method != "fork")
+            exit_process(1, run_atexit=start_method != "fork")
         raise  # multiprocessing prints it to this rank's stderr and exits with 1
     conn.send_bytes(payload)
     conn.close()
     # The result is delivered: end here, not through the interpreter's
     # finalization, in which gloo's threads can abort the rank.
     del payload
-    _exit_process(0, run_atexit=start_method != "fork")
+    exit_process(0, run_atexit=start_method != "fork")
 
 
 #: What a rank sends first: it runs (spawn has imported the main script).

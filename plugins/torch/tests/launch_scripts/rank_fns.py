@@ -153,3 +153,39 @@ def aborts_while_exiting(value: Any) -> Any:
 
     atexit.register(os.abort)
     return value
+
+
+def _listening(pid: int) -> list[str]:
+    """The local addresses on which process ``pid`` listens for TCP
+    connections (Linux: its socket inodes in /proc/PID/fd, looked up in
+    /proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    raw = bytes.fromhex(fields[1].split(":")[0])
+                    # Each 32-bit word in host (little-endian) order.
+                    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.append(str(ipaddress.ip_address(packed)))
+    return sorted(found)
+
+
+def listening(strategy: Any) -> dict[str, list[str]]:
+    """Where this rank (its gloo) and the process that started it (the
+    launcher's store, or elastic's agent) listen, once every rank is in
+    the group."""
+    strategy.barrier()
+    return {"rank": _listening(os.getpid()), "launcher": _listening(os.getppid())}

@@ -1,0 +1,125 @@
+"""Where a job's sockets listen: the rendezvous store a launcher hosts, and
+gloo's connections between the ranks. Imports no torch (:func:`hosted_store`
+imports it when called).
+
+One node: ``127.0.0.1`` only; nothing of the job can be reached from
+another machine. Several nodes: the address this node sends from to reach
+the main address (the source address of the kernel's route to it, asked
+with a UDP ``connect()``, which sends nothing), so the one interface that
+joins the nodes. Where that is a loopback address (node 0 of a cluster
+whose hosts file maps its own name to ``127.0.1.1``, or a main address of
+``127.0.0.1`` there) nothing better can be known, and torch's own choice
+stays: the store on every interface, gloo on the address of this host's
+name.
+
+torch 2.13 has no option for the address a ``TCPStore`` server binds (it
+binds every interface); it does take a socket already listening
+(``master_listen_fd``), which :func:`listening_socket` makes. Gloo takes
+its interface from ``GLOO_SOCKET_IFNAME``, read each time a gloo group is
+made (the default group, ``new_group``, ``monitored_barrier``'s helper);
+:func:`gloo_variables` gives it to the ranks, unless the user set it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+from typing import Any
+
+__all__ = ["LOOPBACK", "gloo_variables", "hosted_store", "interface_of", "listen_address", "listening_socket"]
+
+LOOPBACK = "127.0.0.1"
+_GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
+_SIOCGIFADDR = 0x8915  # Linux
+
+
+def listen_address(main_address: str, main_port: int, num_nodes: int) -> str:
+    """The local address this node's listening sockets bind: ``127.0.0.1``
+    on one node; on several, the source address of the route to
+    ``main_address``, or ``""`` (every interface) where that is loopback or
+    cannot be found."""
+    if num_nodes == 1:
+        return LOOPBACK
+    try:
+        family, _, _, _, target = socket.getaddrinfo(main_address, main_port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(target)  # UDP: chooses the route and the source address, sends nothing
+            source = str(probe.getsockname()[0])
+    except OSError:
+        return ""
+    return "" if ipaddress.ip_address(source.split("%")[0]).is_loopback else source
+
+
+def listening_socket(address: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``address:port`` (port 0: one the kernel
+    gives), to hand to ``TCPStore(..., master_listen_fd=sock.detach())``:
+    the store then owns it, and closes it when it goes."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that has ``address`` (Linux; an
+    IPv4 address must be the interface's first), or ``None`` where it
+    cannot be told."""
+    if not address:
+        return None
+    try:
+        wanted = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return None
+    if wanted.version == 6:
+        with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) == 6 and ipaddress.IPv6Address(int(fields[0], 16)) == wanted:
+                    return fields[5]
+        return None
+    try:
+        import fcntl
+        import struct
+    except ImportError:  # not a POSIX system
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address, or not Linux
+                continue
+            if socket.inet_ntoa(reply[20:24]) == str(wanted):
+                return name
+    return None
+
+
+def gloo_variables(address: str) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` for ranks whose gloo should listen on
+    ``address``'s interface; nothing when the user set it, or when the
+    interface cannot be told (gloo then uses the address of this host's name)."""
+    if os.environ.get(_GLOO_INTERFACE_VAR):
+        return {}
+    interface = interface_of(address)
+    return {_GLOO_INTERFACE_VAR: interface} if interface else {}
+
+
+def hosted_store(address: str, port: int = 0, **options: Any) -> Any:
+    """A ``TCPStore`` server listening on ``address:port`` only (port 0: one
+    the kernel gives; read it from ``store.port``), with the other
+    ``TCPStore`` options given. Imports torch."""
+    import torch.distributed as dist
+
+    sock = listening_socket(address, port)
+    bound = sock.getsockname()[1]
+    # The store owns the socket from here on, and closes it when it goes.
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        address, bound, is_master=True, master_listen_fd=sock.detach(), **options
+    )
