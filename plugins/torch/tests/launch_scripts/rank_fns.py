@@ -189,3 +189,18 @@ def listening(strategy: Any) -> dict[str, list[str]]:
     the group."""
     strategy.barrier()
     return {"rank": _listening(os.getpid()), "launcher": _listening(os.getppid())}
+
+
+def world_listening() -> dict[str, Any]:
+    """In a group of every rank (made from the rank protocol's variables):
+    where this rank and the process that started it (elastic's agent, which
+    hosts the store on node 0) listen, once every rank is in the group."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))  # every pair connected
+    found = {"rank": _listening(os.getpid()), "launcher": _listening(os.getppid())}
+    dist.barrier()
+    dist.destroy_process_group()
+    return found
