@@ -60,13 +60,13 @@ class CheckpointIO(ABC):
 class TorchCheckpointIO(CheckpointIO):
     """``torch.save`` / ``torch.load``.
 
-    :meth:`save` writes to a temporary file next to ``path``
+    ``save()`` writes to a temporary file next to ``path``
     (``<name>.<pid>-<random>.partial``: processes or ranks saving to one path
     at once never share it), fsyncs it, renames it to ``path`` and fsyncs the
     directory. A save that fails removes its temporary file; one that is
     killed leaves it, and the previous checkpoint, untouched.
 
-    :meth:`load` raises :class:`~phalanx_core.MisconfigurationError`, naming
+    ``load()`` raises :class:`~phalanx_core.MisconfigurationError`, naming
     the file, for a file that is empty, truncated, damaged, not written by
     ``torch.save``, or not a dict of named entries.
     """

@@ -73,8 +73,8 @@ class HangWatch:
     """Watches the operations of one rank; see the module's docstring.
 
     ``enter(name)`` / ``leave(token)`` bracket an operation (nested ones
-    count as the innermost); :meth:`start` starts the watching thread and
-    :meth:`stop` stops it. ``stream`` is where reports go (this process's
+    count as the innermost); ``start()`` starts the watching thread and
+    ``stop()`` stops it. ``stream`` is where reports go (this process's
     stderr by default); ``timeout`` is the collective's, which the report
     quotes.
     """
@@ -104,7 +104,7 @@ class HangWatch:
     # -- the rank's side -------------------------------------------------
 
     def enter(self, operation: str) -> tuple[str, float, int, int] | None:
-        """Mark ``operation`` as started; return what to give :meth:`leave`."""
+        """Mark ``operation`` as started; return what to give ``leave()``."""
         outer = self.current
         self.current = (operation, time.monotonic(), next(self._calls), threading.get_ident())
         return outer
