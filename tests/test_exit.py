@@ -24,6 +24,7 @@ from phalanx_core.testing.processes import (
     TAG_VAR,
     new_tag,
     reap,
+    run_tagged,
     scheduler_free_environment,
     tagged_processes,
 )
@@ -41,18 +42,7 @@ def phalanx_run(*args: str) -> list[str]:
 
 
 def run_tagged_job(command: list[str]) -> subprocess.CompletedProcess[str]:
-    tag = new_tag()
-    try:
-        return subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-            env=scheduler_free_environment(**{TAG_VAR: tag}),
-        )
-    finally:
-        assert not reap(tag), "processes left behind"
+    return run_tagged(command, timeout=120, cwd=ROOT)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 
 import phalanx
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.processes import run_tagged
 
 pytestmark = pytest.mark.subprocess
 
@@ -24,18 +24,7 @@ SCRIPT = str(Path(__file__).resolve().parent / "run_scripts" / "late_rank.py")
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    tag = new_tag()
-    try:
-        return subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-            env=scheduler_free_environment(**{TAG_VAR: tag}),
-        )
-    finally:
-        assert not reap(tag), "processes left behind"
+    return run_tagged(command, timeout=120, cwd=ROOT)
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "backward"])

@@ -26,6 +26,7 @@ from .checkpoint import (
     check_module_keys,
     check_module_shapes,
 )
+from .collective import OPERATIONS
 from .errors import MisconfigurationError
 from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds
 
@@ -490,17 +491,7 @@ _WATCHED = (
     "clip_gradients",
     "save_checkpoint",
     "load_checkpoint",
-    "barrier",
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast_object",
-    "all_gather_object",
+    *OPERATIONS,  # those a strategy forwards; the others are not its methods
 )
 
 
