@@ -155,3 +155,10 @@ def test_two_nodes_on_this_machine_make_one_world():
             proc.kill()
     assert "[rank0]: node0 strategy=DDPStrategy" in outs[0] and "world=2 rank=0" in outs[0]
     assert "[rank1]: node1 strategy=DDPStrategy" in outs[1] and "world=2 rank=1" in outs[1]
+
+
+def test_a_missing_script_is_refused_before_any_rank_starts():
+    done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "no_such_script.py")
+    assert done.returncode == 1
+    assert done.stderr.startswith("phalanx run: error: no script at 'no_such_script.py' (from ")
+    assert "[rank" not in done.stderr

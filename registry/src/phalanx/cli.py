@@ -155,6 +155,13 @@ _RUN_FLAGS = ("strategy", "accelerator", "devices", "num_nodes", "precision", "c
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.module and not os.path.isfile(args.script):
+        from phalanx_core.errors import MisconfigurationError
+
+        raise MisconfigurationError(
+            f"no script at {args.script!r} (from {os.getcwd()}); give the path of a Python file, "
+            "or -m MODULE for a module"
+        )
     given = {name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None}
     for var, value in (
         ("NODE_RANK", args.node_rank),
