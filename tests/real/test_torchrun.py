@@ -26,11 +26,13 @@ def test_torchrun_two_processes(real_run, check_results):
 def test_a_mismatch_stops_every_rank_with_the_fix(real_run, job_env):
     # torchrun made 2 processes, the script asks for 1 device per node.
     code = (
-        "import phalanx\n"
+        "import sys, phalanx\n"
         "try:\n"
         "    phalanx.resolve('ddp', accelerator='cpu', devices=1, num_nodes=1)\n"
         "except phalanx.MisconfigurationError as exc:\n"
-        "    print('REFUSED', exc, flush=True)\n"
+        # One write per line: two ranks share the pipe, unbuffered, and
+        # print() writes its arguments one by one (they interleaved once).
+        "    sys.stdout.write(f'REFUSED {exc}\\n')\n"
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     job = real_run([*torchrun, "--no-python", sys.executable, "-c", code], timeout=240)
