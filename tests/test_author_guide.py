@@ -4,8 +4,10 @@ is copied to an empty folder, built and installed with pip into a temporary
 site folder, and then, as its author and its users would:
 
 - ``phalanx list`` shows its collective, from its distribution;
-- a 2-rank job chooses it by name (and by qualified name);
-- the author's own test file runs the conformance suite on it.
+- a 2-rank job chooses it by name (and by qualified name, and through
+  ``phalanx run --collective``), and DDP's gradients go through it;
+- the author's own test file runs the conformance suites on it (the
+  contract, and DDP / FSDP / manual training traffic through it).
 """
 
 from __future__ import annotations
@@ -59,13 +61,28 @@ def test_phalanx_list_shows_the_collective_from_its_distribution(installed):
     assert "phalanx-counting 0.1.0" in row and "yes" in row.split()
 
 
-def test_a_two_rank_job_uses_it_by_name(installed):
+#: What each rank of tests/job.py reports: its own all_reduce of 4 floats
+#: (16 bytes), then DDP's: 4 broadcasts of the module's state (4104 bytes)
+#: and one bucket of 1010 gradients (4040 bytes) in each of 3 steps.
+JOB_LINE = (
+    "('CountingCollective', [2.0, 2.0, 2.0, 2.0], {'all_reduce': 4, 'all_gather': 1, 'broadcast': 4}, "
+    "{'all_reduce': 12136, 'all_gather': 8, 'broadcast': 4104})"
+)
+
+
+def test_a_two_rank_job_uses_it_by_name_and_ddp_trains_through_it(installed):
     project, env = installed
     out = run([sys.executable, "tests/job.py"], env, project)
     for rank in (0, 1):
-        [line] = [line for line in out.splitlines() if line.startswith(f"{rank} ")]
-        assert "'CountingCollective', [2.0, 2.0, 2.0, 2.0]" in line
-        assert "'all_reduce': 1" in line and "{'all_reduce': 16}" in line
+        assert f"{rank} {JOB_LINE}" in out.splitlines(), out
+
+
+def test_phalanx_run_chooses_it_and_ddp_trains_through_it(installed):
+    project, env = installed
+    command = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu"]
+    out = run([*command, "--devices", "2", "--collective", "counting", "tests/job.py"], env, project)
+    for rank in (0, 1):
+        assert f"[rank{rank}]: {rank} {JOB_LINE}" in out.splitlines(), out
 
 
 def test_the_qualified_name_resolves_to_it(installed):
@@ -81,4 +98,4 @@ def test_the_qualified_name_resolves_to_it(installed):
 def test_the_authors_conformance_suite_passes(installed):
     project, env = installed
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env, project)
-    assert "4 passed" in out
+    assert "7 passed" in out, out

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from .checkpoint import (
     CheckpointIO,
@@ -74,6 +74,13 @@ class Strategy:
     class and in every subclass that overrides them.
     """
 
+    #: The contract operations this strategy's own traffic needs from its
+    #: collective (DDP's gradient buckets: ``all_reduce``; FSDP's shards:
+    #: ``all_gather`` and ``reduce_scatter``). A collective that lists one
+    #: of them in ``unsupported`` is refused when the strategy is made,
+    #: naming it, instead of failing at the first backward pass.
+    traffic: ClassVar[frozenset[str]] = frozenset()
+
     _hang_watch: HangWatch | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -120,6 +127,17 @@ class Strategy:
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         collective.check_accelerator(accelerator)
         collective.check_launcher(launcher, environment)
+        self._check_traffic(collective)
+
+    def _check_traffic(self, collective: Collective) -> None:
+        missing = sorted(set(self.traffic) & set(getattr(collective, "unsupported", ())))
+        if missing:
+            raise MisconfigurationError(
+                f"strategy {type(self).__name__} sends its training traffic through its collective, and "
+                f"collective {getattr(collective, 'name', type(collective).__name__)!r} cannot do "
+                f"{', '.join(missing)} (it lists them as unsupported); choose a collective that has "
+                f"{', '.join(sorted(self.traffic))}, e.g. collective='torch'"
+            )
 
     # -- where this rank is -------------------------------------------------
 

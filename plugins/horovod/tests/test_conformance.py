@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite
+from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite, TrafficSuite
 
 pytestmark = pytest.mark.subprocess
 
@@ -28,6 +28,15 @@ class TestHorovodCollectiveUnderDDP(CollectiveSuite):
     strategy = "ddp"
     launcher = "horovod"
     world_sizes = (2,)
+
+
+class TestHorovodTraffic(TrafficSuite):
+    """DDP's gradient buckets, FSDP's all-gathers and reduce-scatters and a
+    user's DDP under ``manual`` go through Horovod (hvd.allreduce_async_,
+    ...), not a torch group."""
+
+    collective = "horovod"
+    launcher = "horovod"
 
 
 class TestHorovodLauncher(LauncherSuite):

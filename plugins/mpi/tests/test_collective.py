@@ -7,10 +7,18 @@ import pytest
 
 import phalanx
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import CollectiveSuite
+from phalanx_core.testing.suites import CollectiveSuite, TrafficSuite
 
 
 class TestMPICollective(CollectiveSuite):
+    collective = "mpi"
+    launcher = "mpirun"
+
+
+class TestMPITraffic(TrafficSuite):
+    """DDP's buckets, FSDP's all-gathers and reduce-scatters and a user's
+    DDP under ``manual`` go over MPI, ranks started by mpirun."""
+
     collective = "mpi"
     launcher = "mpirun"
 

@@ -241,6 +241,39 @@ def check_async(c: Any) -> None:
     _eq("async all_gather", [x.item() for x in gathered], [float(r) for r in range(c.world_size)])
 
 
+def check_async_inputs(c: Any) -> None:
+    """Asynchronous operations on temporary inputs: the caller keeps no
+    reference to what it passed, and other tensors of the same sizes fill
+    the freed memory before ``wait()``. A collective must keep every buffer
+    its backend still reads alive until the operation is done (a process
+    group built on it gets exactly such inputs from FSDP)."""
+    import torch
+
+    n, r = c.world_size, c.rank
+    base = torch.arange(4 * n, dtype=torch.float32).reshape(2 * n, 2)
+    scattered = c.reduce_scatter(base * (r + 1), "sum", async_op=True)
+    gathered = c.all_gather(torch.full((3, 2), float(r)).t(), async_op=True)  # not contiguous
+    swapped = c.all_to_all([torch.full((2,), float(10 * r + j)) for j in range(n)], async_op=True)
+    junk = [torch.full(shape, -7.0) for shape in ((2 * n, 2), (2, 3), (n, 2), (2,)) for _ in range(32)]
+    total = n * (n + 1) // 2
+    _eq(
+        "async reduce_scatter of a temporary",
+        scattered.wait().tolist(),
+        (base[2 * r : 2 * r + 2] * total).tolist(),
+    )
+    _eq(
+        "async all_gather of a temporary",
+        [g.tolist() for g in gathered.wait()],
+        [[[float(k)] * 3] * 2 for k in range(n)],
+    )
+    _eq(
+        "async all_to_all of temporaries",
+        [t.tolist() for t in swapped.wait()],
+        [[float(10 * k + r)] * 2 for k in range(n)],
+    )
+    del junk
+
+
 def check_groups(c: Any) -> None:
     import torch
 
@@ -319,6 +352,7 @@ CHECKS: dict[str, tuple[Callable[[Any], None], tuple[str, ...]]] = {
     "send_recv": (check_send_recv, ("send", "recv")),
     "objects": (check_objects, ("broadcast_object", "all_gather_object", "gather_object", "scatter_object")),
     "async": (check_async, ("all_reduce", "all_gather")),
+    "async_inputs": (check_async_inputs, ("reduce_scatter", "all_gather", "all_to_all")),
     "groups": (check_groups, ("all_reduce", "broadcast", "all_gather_object", "barrier")),
     "bad_arguments": (check_bad_arguments, ("all_reduce", "broadcast", "reduce")),
 }

@@ -23,6 +23,11 @@ found by name, through its entry point, as users find it), with the
   object collectives, async handles, bad arguments), in worlds of 1 to 3
   ranks, and a timeout naming the operation. An operation the collective
   declares in ``unsupported`` is checked to refuse clearly, never skipped.
+- :class:`TrafficSuite`: training under ``ddp``, ``fsdp`` and ``manual``
+  with the collective named: the gradients (DDP's buckets, FSDP's
+  reduce-scatters, a user's own DDP over ``strategy.process_group``) go
+  through the collective's own operations, counted there, and the weights
+  equal those of the same steps computed in one process (to 1e-6).
 - :class:`LauncherSuite`: every rank's value by global rank, the failure
   contract (a rank that raises, a rank killed by SIGKILL: the caller gets
   :class:`~phalanx_core.WorkerFailedError` naming it), and no process left
@@ -40,6 +45,7 @@ seconds of SIGALRM in the test process); a hang fails, it never blocks CI.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -52,7 +58,7 @@ from ..errors import CollectiveTimeoutError, MisconfigurationError, UnavailableE
 from .contract import CHECKS, check_collective
 from .processes import TAG_VAR, new_tag, reap
 
-__all__ = ["AcceleratorSuite", "CollectiveSuite", "EnvironmentSuite", "LauncherSuite"]
+__all__ = ["AcceleratorSuite", "CollectiveSuite", "EnvironmentSuite", "LauncherSuite", "TrafficSuite"]
 
 
 class _HangGuard(BaseException):
@@ -200,6 +206,85 @@ class CollectiveSuite:
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
             results = self.resolve(2, timeout=self.timeout).launch(run_timeout, self.timeout * 3)
         assert results[0] == "timeout:all_reduce", results
+
+
+# -- training traffic --------------------------------------------------------------
+
+
+class TrafficSuite:
+    """Training traffic through the collective named ``collective``: DDP's
+    gradient buckets, FSDP's all-gathers and reduce-scatters, and a user's
+    own DDP under ``manual`` go through the collective's operations (the
+    suite counts every call on the collective object in each rank), and the
+    weights after a few SGD steps equal those of the same steps computed in
+    one process, to 1e-6 (:mod:`phalanx_core.testing.traffic`).
+
+    A collective that lists an operation a strategy's traffic needs in
+    ``unsupported`` (``reduce_scatter`` for ``fsdp``) is refused when
+    resolving that strategy, naming it: leave that strategy out of
+    ``strategies``.
+
+    Attributes:
+        collective: its name (required).
+        strategies: the strategies to train under.
+        launcher: how the ranks are made (``"spawn"``).
+        accelerator: ``"cpu"``.
+        devices: ranks per job (2).
+        options: more keywords for :func:`phalanx.resolve`.
+        hang_guard: seconds after which a test counts as hung.
+    """
+
+    collective: ClassVar[str] = ""
+    strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp", "manual")
+    launcher: ClassVar[str | None] = "spawn"
+    accelerator: ClassVar[str] = "cpu"
+    devices: ClassVar[int] = 2
+    options: ClassVar[Mapping[str, Any]] = {}
+    hang_guard: ClassVar[float] = 240.0
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "strategy_name" in metafunc.fixturenames:
+            metafunc.parametrize("strategy_name", self.strategies)
+
+    def resolve(self, strategy: str, **options: Any) -> Any:
+        """The strategy the test launches: your collective in it by name."""
+        import phalanx
+
+        if not self.collective:
+            raise pytest.UsageError(f"{type(self).__name__}: set collective = '<its name>'")
+        flags: dict[str, Any] = {**self.options, **options}
+        if self.launcher:
+            flags["launcher"] = self.launcher
+        return phalanx.resolve(
+            strategy, accelerator=self.accelerator, devices=self.devices, collective=self.collective, **flags
+        )
+
+    def test_training_traffic_goes_through_it(
+        self, strategy_name: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import torch
+
+        from .traffic import STEPS, run_traffic
+
+        strategy = self.resolve(strategy_name)
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = strategy.launch(run_traffic, strategy_name)
+        assert [r["rank"] for r in results] == list(range(self.devices)), results
+        for r in results:
+            where = f"strategy {strategy_name!r}, collective {self.collective!r}, rank {r['rank']}"
+            carried = r["bytes"].get("all_reduce", 0) + r["bytes"].get("reduce_scatter", 0)
+            assert carried >= STEPS * r["gradient_bytes"], (
+                f"{where}: {carried} bytes of reductions went through the collective in {STEPS} steps, "
+                f"for {r['gradient_bytes']} bytes of gradients a step (calls: {r['calls']}; the strategy's "
+                f"process group is a {r['process_group']}): the gradients took another path"
+            )
+            torch.testing.assert_close(
+                torch.tensor(r["weights"]),
+                torch.tensor(r["reference"]),
+                rtol=0,
+                atol=1e-6,
+                msg=functools.partial("{}: {}".format, where),
+            )
 
 
 # -- launchers ---------------------------------------------------------------------

@@ -113,18 +113,30 @@ class _Request(Work):
     """An MPI request, waited for with the collective's timeout; ``finish``
     turns the finished buffers into what the synchronous call returns."""
 
-    def __init__(self, owner: MPICollective, operation: str, request: Any, finish: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        owner: MPICollective,
+        operation: str,
+        request: Any,
+        finish: Callable[[], Any],
+        keep: tuple[Any, ...] = (),
+    ) -> None:
         self._owner = owner
         self._operation = operation
         self._request = request
         self._finish: Callable[[], Any] | None = finish
         self._result: Any = None
+        # Every buffer MPI reads or writes, alive until the request is done:
+        # mpi4py keeps no reference to them, and a temporary send buffer
+        # (a stacked copy) freed early is read back as whatever reused it.
+        self._keep = keep
 
     def wait(self) -> Any:
         if self._finish is not None:
             self._owner._wait(self._request, self._operation)
             finish, self._finish = self._finish, None
             self._result = finish()
+            self._keep = ()
         return self._result
 
     def is_completed(self) -> bool:
@@ -280,9 +292,14 @@ class MPICollective(Collective):
                     timeout=self.timeout,
                 )
 
-    def _run(self, operation: str, request: Any, finish: Callable[[], Any], async_op: bool) -> Any:
+    def _run(
+        self, operation: str, request: Any, finish: Callable[[], Any], async_op: bool, *keep: Any
+    ) -> Any:
+        """``finish()`` once ``request`` is done (now, or by the handle's
+        ``wait()`` with ``async_op``); ``keep``: the buffers MPI uses that
+        nothing else holds until then."""
         if async_op:
-            return _Request(self, operation, request, finish)
+            return _Request(self, operation, request, finish, keep)
         self._wait(request, operation)
         return finish()
 
@@ -423,8 +440,9 @@ class MPICollective(Collective):
         self._check_tensor(tensor, "all_gather")
         size = comm.Get_size()
         out = torch.empty((size, *tensor.shape), dtype=tensor.dtype)
-        request = comm.Iallgather(self._raw(tensor.contiguous()), self._raw(out))
-        return self._run("all_gather", request, lambda: list(out.unbind(0)), async_op)
+        send = tensor.contiguous()
+        request = comm.Iallgather(self._raw(send), self._raw(out))
+        return self._run("all_gather", request, lambda: list(out.unbind(0)), async_op, send)
 
     def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
         torch = _torch()
@@ -435,8 +453,10 @@ class MPICollective(Collective):
         self._check_tensor(tensor, "gather")
         root = comm.Get_rank() == dst
         out = torch.empty((size, *tensor.shape), dtype=tensor.dtype) if root else None
-        request = comm.Igather(self._raw(tensor.contiguous()), self._raw(out) if root else None, root=dst)
-        return self._run("gather", request, lambda: list(out.unbind(0)) if out is not None else [], async_op)
+        send = tensor.contiguous()
+        request = comm.Igather(self._raw(send), self._raw(out) if root else None, root=dst)
+        finish = lambda: list(out.unbind(0)) if out is not None else []  # noqa: E731
+        return self._run("gather", request, finish, async_op, send)
 
     def scatter(
         self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, async_op: bool = False
@@ -463,7 +483,7 @@ class MPICollective(Collective):
                 tensor.copy_(buffer)
             return tensor
 
-        return self._run("scatter", comm.Iscatter(send, self._raw(buffer), root=src), finish, async_op)
+        return self._run("scatter", comm.Iscatter(send, self._raw(buffer), root=src), finish, async_op, send)
 
     def reduce_scatter(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
         torch = _torch()
@@ -485,7 +505,7 @@ class MPICollective(Collective):
             self._mean(out, name, size)
             return out.view(torch.bool) if tensor.dtype is torch.bool else out.to(tensor.dtype)
 
-        return self._run("reduce_scatter", request, finish, async_op)
+        return self._run("reduce_scatter", request, finish, async_op, work)
 
     def all_to_all(self, tensors: Sequence[Any], *, async_op: bool = False) -> Any:
         torch = _torch()
@@ -503,7 +523,7 @@ class MPICollective(Collective):
         send = torch.stack(list(tensors)).contiguous()
         out = torch.empty_like(send)
         request = comm.Ialltoall(self._raw(send), self._raw(out))
-        return self._run("all_to_all", request, lambda: list(out.unbind(0)), async_op)
+        return self._run("all_to_all", request, lambda: list(out.unbind(0)), async_op, send)
 
     def send(self, tensor: Any, dst: int, *, tag: int = 0) -> None:
         comm = self._live("send")

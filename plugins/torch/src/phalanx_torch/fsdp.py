@@ -23,7 +23,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -40,7 +40,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -70,7 +69,9 @@ _DCP_METADATA = ".metadata"
 class FSDPStrategy(TorchGroupStrategy):
     """Fully sharded data parallel with torch's ``fully_shard`` (FSDP2).
 
-    :meth:`setup` shards the module over a 1-D device mesh of every rank:
+    :meth:`setup` shards the module over a 1-D device mesh of every rank
+    (:meth:`device_mesh`: over the strategy's collective, so its
+    all-gathers and reduce-scatters are the collective's operations):
     first each submodule chosen by ``shard_modules`` (innermost first), each
     its own unit that is gathered only while it runs, then the root, which
     takes every parameter left. Optimizers must be given as factories
@@ -101,6 +102,10 @@ class FSDPStrategy(TorchGroupStrategy):
             ``"full"`` (one file, as the other strategies write).
             :meth:`load_checkpoint` reads either, whatever this option is.
     """
+
+    #: fully_shard gathers parameters (all_gather, into one flat buffer) and
+    #: reduce-scatters gradients; a gradient norm over shards is an all_reduce.
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter", "all_reduce"})
 
     def __init__(
         self,
@@ -202,7 +207,7 @@ class FSDPStrategy(TorchGroupStrategy):
         if on_meta and not self._uninitialised_allowed:
             _refuse_uninitialisable(module)
         device = torch.device(self.root_device)
-        mesh = init_device_mesh(device.type, (self.world_size,))
+        mesh = self.device_mesh(device.type)
         offload: OffloadPolicy = (
             # Pinned memory needs an accelerator; on the CPU it is refused.
             CPUOffloadPolicy(pin_memory=device.type != "cpu") if self.cpu_offload else OffloadPolicy()
@@ -340,7 +345,7 @@ class FSDPStrategy(TorchGroupStrategy):
                     shutil.rmtree(leftover, ignore_errors=True)
             if self.world_size > 1:
                 self.barrier()
-            dcp_save(out, checkpoint_id=staging)
+            dcp_save(out, checkpoint_id=staging, process_group=self._process_group)
             if self.world_size > 1:
                 self.barrier()
             if self.is_global_zero:
@@ -446,6 +451,7 @@ class FSDPStrategy(TorchGroupStrategy):
             dcp_load(
                 template,
                 checkpoint_id=path,
+                process_group=self._process_group,
                 planner=_LoadPlanner(weights_only=weights_only, allow_partial_load=not strict),
             )
         except CheckpointException as exc:  # raised on every rank, with every rank's failure

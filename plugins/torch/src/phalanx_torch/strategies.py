@@ -6,17 +6,22 @@ import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx_core import MisconfigurationError, Strategy
+from phalanx_core import OPERATIONS, MisconfigurationError, Strategy
 
 from .collectives import TorchCollective
 
 __all__ = ["DDPStrategy", "ManualStrategy", "SingleDeviceStrategy", "TorchGroupStrategy"]
+
+#: torch's registry of groups, untyped (``_get_default_group`` is private).
+c10d: Any = distributed_c10d
 
 
 class SingleDeviceStrategy(Strategy):
@@ -33,26 +38,66 @@ class SingleDeviceStrategy(Strategy):
 
 
 class TorchGroupStrategy(Strategy):
-    """A strategy that needs torch's default process group whatever its
-    collective is: DDP and FSDP reduce gradients over it, and user code
-    under ``manual`` calls ``torch.distributed`` directly.
+    """A strategy whose traffic goes through a ``torch.distributed``
+    process group: DDP's gradient buckets, FSDP's all-gathers and
+    reduce-scatters, and under ``manual`` the user's own DDP, DTensor and
+    ``torch.distributed`` calls.
 
-    When the collective did not make that group (it is not the torch one,
-    ``resolve("ddp", collective="mpi")``) and nobody else did, the strategy
-    makes it from the environment in :meth:`setup_environment`, and leaves it
-    in :meth:`teardown`. A group the user made before is used as it is.
+    That group is the strategy's collective, whatever it is:
+
+    - the ``torch`` collective: the c10d group it made (or adopted), used
+      directly, with nothing in between;
+    - any other collective (``mpi``, ``horovod``, a third party's): a
+      :class:`~phalanx_torch.process_group.CollectiveProcessGroup` over it,
+      made in :meth:`setup_environment`, registered with torch, and made
+      torch's default group where there is none, so that code which names
+      no group talks through the collective too.
+
+    No other group is made: every byte goes where the user said it should.
+    :attr:`process_group` and :meth:`device_mesh` hand that group to code of
+    one's own.
     """
 
-    _torch_group: TorchCollective | None = None
+    _process_group: Any = None
+    _adapter: Any = None  # the CollectiveProcessGroup this strategy made
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        if not dist.is_initialized():
-            self._torch_group = TorchCollective(timeout=self.collective.timeout)
-            self._torch_group.setup(self.environment, self.accelerator)
+        if _is_torchs_own(self.collective):
+            own: Any = self.collective
+            self._process_group = own.process_group or c10d._get_default_group()
+        else:
+            from .process_group import CollectiveProcessGroup
+
+            adapter = CollectiveProcessGroup(self.collective)
+            self._adapter = adapter.register(as_world=not dist.is_initialized())
+            self._process_group = self._adapter
+
+    @property
+    def process_group(self) -> Any:
+        """The ``torch.distributed.ProcessGroup`` of every rank that carries
+        this strategy's traffic: the torch collective's own group, or a
+        :class:`~phalanx_torch.process_group.CollectiveProcessGroup` over any
+        other collective. Give it to your own ``DistributedDataParallel``
+        (``process_group=``) or ``torch.distributed`` calls (``group=``)."""
+        self._require_group(type(self).__name__, "strategy.process_group")
+        return self._process_group
+
+    def device_mesh(self, device_type: str | None = None) -> Any:
+        """A one-dimensional ``DeviceMesh`` of every rank over
+        :attr:`process_group`, for ``fully_shard(mesh=...)``, DTensor and
+        tensor parallelism of your own. ``device_type`` defaults to the
+        type of :attr:`root_device` (``"cpu"``, ``"cuda"``)."""
+        self._require_group(type(self).__name__, "strategy.device_mesh()")
+        kind = device_type or torch.device(self.root_device).type
+        if self._adapter is not None:
+            return self._adapter.device_mesh(kind)
+        if self._process_group is c10d._get_default_group():
+            return init_device_mesh(kind, (self.world_size,))
+        return DeviceMesh.from_group(self._process_group, kind)
 
     def _require_group(self, name: str, call: str) -> None:
-        if not dist.is_initialized():
+        if self._process_group is None:
             raise MisconfigurationError(
                 f"strategy {name!r}: {call} runs inside strategy.launch(fn, ...), after the process "
                 "group is made; call it from fn"
@@ -65,10 +110,25 @@ class TorchGroupStrategy(Strategy):
         return module.module if isinstance(module, DistributedDataParallel) else module
 
     def teardown(self) -> None:
+        if self._adapter is not None:
+            self._adapter.unregister()
+            self._adapter = None
+        self._process_group = None
         super().teardown()
-        if self._torch_group is not None:
-            self._torch_group.teardown()
-            self._torch_group = None
+
+
+def _is_torchs_own(collective: Any) -> bool:
+    """Whether ``collective`` is the torch collective with its operations
+    as they are (a subclass may change how it sets up, not what its
+    operations do): then its c10d group carries the traffic directly. A
+    subclass that wraps an operation (to count it, to compress) gets the
+    traffic through that operation."""
+    if not isinstance(collective, TorchCollective):
+        return False
+    kind = type(collective)
+    return all(
+        getattr(kind, op) is getattr(TorchCollective, op) and op not in vars(collective) for op in OPERATIONS
+    )
 
 
 class DDPStrategy(TorchGroupStrategy):
@@ -86,6 +146,10 @@ class DDPStrategy(TorchGroupStrategy):
     DistributedDataParallel's: ``find_unused_parameters``, ``static_graph``,
     ``gradient_as_bucket_view``, ``broadcast_buffers``, ``bucket_cap_mb``.
     """
+
+    #: DDP checks parameter shapes (all_gather), copies rank 0's module
+    #: (broadcast) and reduces gradient buckets (all_reduce).
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
 
     def __init__(
         self,
@@ -112,7 +176,9 @@ class DDPStrategy(TorchGroupStrategy):
         self._require_group("ddp", "setup(module)")
         device = self.root_device
         device_ids = [device.index] if isinstance(device, torch.device) and device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+        return DistributedDataParallel(
+            module, device_ids=device_ids, process_group=self._process_group, **self._ddp_kwargs
+        )
 
     def no_backward_sync(self, module: Any, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
         """``module.no_sync()`` for a DDP module: backward accumulates local
@@ -130,9 +196,13 @@ class DDPStrategy(TorchGroupStrategy):
 
 class ManualStrategy(TorchGroupStrategy):
     """Your own parallelism: phalanx gives the ranks (from the environment),
-    the processes (the launcher), the collective and torch's default process
-    group (unless you made one); your code places modules on devices and
-    wraps them — DDP on one part, hand sharding or FSDP on another.
+    the processes (the launcher) and the collective, also as a torch process
+    group (:attr:`process_group`) and a device mesh (:meth:`device_mesh`);
+    your code places modules on devices and wraps them — DDP on one part,
+    hand sharding, FSDP or DTensor on another — over that group, so that
+    its traffic goes through the collective you named. (Where phalanx made
+    torch's default group, that is the same group: ``torch.distributed``
+    calls that name no group use it.)
 
     - :meth:`setup` leaves modules and optimizers as they are: no precision
       conversion, no move, no wrapper (optimizer factories are still called
