@@ -41,7 +41,12 @@ mean of ``[1, 2]`` over two ranks is ``1``. For bool tensors only ``"min"``
 **Async.** Tensor operations take ``async_op=True`` and then return a
 :class:`Work` handle at once; ``handle.wait()`` blocks until the operation
 is done and returns what the synchronous call would have returned. Object
-operations and ``send`` / ``recv`` are synchronous.
+operations and ``send`` / ``recv`` are synchronous. Until ``wait()``
+returns, the collective keeps alive every buffer its backend still reads or
+writes: the caller may have dropped its own references to the inputs (a
+process group built on the collective gets such inputs from FSDP). A handle
+may also notify when it is done (:meth:`Work.on_done`), which lets torch's
+DDP learn of a finished gradient bucket without a thread that waits.
 
 **Subgroups.** ``new_group(ranks)`` is itself collective: every rank of this
 collective calls it with the same ``ranks``. Members get a collective over
@@ -172,6 +177,18 @@ class Work(ABC):
     def is_completed(self) -> bool:
         """Return whether the operation is done, without blocking."""
 
+    def on_done(self, callback: Callable[[], object]) -> bool:
+        """Optional: arrange for ``callback()`` to be called once the
+        operation is done (or failed), from whichever thread finishes it,
+        and return ``True``. From then on :meth:`wait` must not block
+        (``callback`` may call it, to get the result or the error).
+        ``False`` (the default): this handle cannot notify; a caller that
+        needs to know waits on it instead (phalanx's process group for torch
+        then waits in a thread of its own, which costs a thread hand-off per
+        operation). The torch collective's handles notify through c10d's
+        futures."""
+        return False
+
 
 class CompletedWork(Work):
     """A handle for an operation that already ran (or is lazy, as on XLA):
@@ -190,6 +207,12 @@ class CompletedWork(Work):
 
     def is_completed(self) -> bool:
         return self._finish is None
+
+    def on_done(self, callback: Callable[[], object]) -> bool:
+        if self._finish is not None:
+            return False
+        callback()
+        return True
 
 
 class Collective(ABC):

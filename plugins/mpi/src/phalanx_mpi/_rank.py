@@ -6,7 +6,8 @@ Prepares itself as a spawned process (``FOLDER/prepare.pkl``: what
 ``FOLDER/<rank>.pkl`` (the pickled result) or ``FOLDER/<rank>.err`` (JSON:
 the traceback and when it was raised) for the launching process, each
 written whole or not at all. A rank that raised exits with 1 at once,
-without MPI_Finalize, so that mpirun stops the others.
+without MPI_Finalize, so that mpirun stops the others; a rank that finished
+finalizes MPI and leaves without Python's finalization (no abort at exit).
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def _exit_failed() -> None:
     os._exit(1)
 
 
+def _exit_done() -> None:
+    """Leave after the result is written: MPI finalized here (mpirun counts
+    a rank that exits without it as failed), then without the interpreter's
+    finalization, in which gloo's worker threads (a torch group the job made
+    beside MPI) can abort the process (``phalanx_core._process``)."""
+    from phalanx_core._process import exit_process
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    exit_process(0)
+
+
 if __name__ == "__main__":
     if main(Path(sys.argv[1])) != 0:
         _exit_failed()
+    _exit_done()

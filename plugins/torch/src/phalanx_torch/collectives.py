@@ -200,10 +200,17 @@ class _TorchWork(Work):
         self._collective = collective
         self._operation = operation
         self._finish = finish
+        self._future: Any = None
 
     def wait(self) -> Any:
         try:
-            self._work.wait()
+            future = self._future
+            if future is not None and future.done():
+                # Done, and maybe called from the future's own callback,
+                # where torch's work.wait() would never return.
+                future.value()
+            else:
+                self._work.wait()
         except RuntimeError as exc:
             raise self._collective._translate(exc, self._operation) from exc
         if self._finish is not None:
@@ -213,6 +220,18 @@ class _TorchWork(Work):
 
     def is_completed(self) -> bool:
         return bool(self._work.is_completed()) and self._finish is None
+
+    def on_done(self, callback: Callable[[], object]) -> bool:
+        """``callback()`` from the thread that completes c10d's future
+        (gloo's worker, or here if it is done); ``False`` for a c10d work
+        without a future (some of gloo's coalesced ones)."""
+        try:
+            future = self._work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented"
+            return False
+        self._future = future
+        future.then(lambda _: callback())
+        return True
 
 
 class TorchCollective(Collective):

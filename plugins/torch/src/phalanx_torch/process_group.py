@@ -27,11 +27,13 @@ How a call maps onto the contract:
   where the contract has it (``send`` / ``recv`` are synchronous there) and
   returns a :class:`torch.distributed.Work` at once. Its future completes
   with what torch's backends give (the list of output tensors, ``[bucket]``
-  for DDP's comm hook) once the collective's handles are waited on and the
-  results copied out: by the caller's own ``wait()``, or, for asynchronous
-  calls, by one thread per group that waits on them in the order they were
-  started, so that DDP's reducer, which only watches the future, overlaps its
-  bucket all-reduces with the backward pass as over gloo or nccl. Errors
+  for DDP's comm hook) once the collective's handles are done and the
+  results copied out: by the caller's own ``wait()``; or, for a caller that
+  only watches the future (DDP's reducer, which overlaps its bucket
+  all-reduces with the backward pass), by the handles themselves where they
+  notify (``Work.on_done``: the torch collective's, through c10d's futures,
+  with no thread in between), else by one thread per group that waits on
+  them in the order they were started (mpi, horovod). Errors
   reach ``wait()`` with their own type, and the future as a torch error.
 
 torch's Python helpers (``get_rank(group)``, ``broadcast(src=)``,
@@ -54,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from phalanx_core import Collective, MisconfigurationError
+from phalanx_core import Collective, MisconfigurationError, Work
 
 __all__ = ["CollectiveProcessGroup"]
 
@@ -65,6 +67,10 @@ _NAMES = itertools.count()
 _DONE = SimpleNamespace(asyncOp=False)
 #: torch's private registry functions, untyped.
 _c10d: Any = c10d
+
+
+#: A started contract operation: what completes it, and its handle.
+_Started = tuple[Callable[[], Any], Any]
 
 
 class _Failed:
@@ -84,15 +90,18 @@ def _unwrap(future: torch.futures.Future[Any]) -> Any:
 class _Op:
     """One started operation: ``finish`` (wait on the collective's handles,
     copy into torch's outputs) runs once, in whichever thread claims it
-    first, and completes ``inner`` with its result or a :class:`_Failed`."""
+    first, and completes ``inner`` with its result or a :class:`_Failed`.
+    ``watched``: something will run it without anyone waiting (the group's
+    thread, or the handles' ``on_done`` callbacks)."""
 
-    __slots__ = ("_claimed", "_finish", "_lock", "inner", "queued")
+    __slots__ = ("_claimed", "_finish", "_lock", "handles", "inner", "watched")
 
-    def __init__(self, finish: Callable[[], Any]) -> None:
+    def __init__(self, finish: Callable[[], Any], handles: Sequence[Any]) -> None:
         self._finish = finish
         self._lock = threading.Lock()
         self._claimed = False
-        self.queued = False
+        self.handles = handles
+        self.watched = False
         self.inner: torch.futures.Future[Any] = torch.futures.Future()
 
     def run(self) -> None:
@@ -105,6 +114,28 @@ class _Op:
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
             value = _Failed(exc)
         self.inner.set_result(value)
+
+    def notify_when_done(self) -> bool:
+        """Have the handles call :meth:`run` when the last of them is done,
+        where every one of them can notify (``Work.on_done``); ``False``
+        where one cannot (nothing is then registered)."""
+        handles = [h for h in self.handles if h is not None]
+        if not all(getattr(type(h), "on_done", Work.on_done) is not Work.on_done for h in handles):
+            return False
+        left = [len(handles)]
+        lock = threading.Lock()
+
+        def one_done() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self.run()
+
+        if not handles:
+            self.run()
+        # One that said it could and then could not: the thread waits for all.
+        return all(h.on_done(one_done) for h in handles)
 
 
 class _FutureWork(dist.Work):
@@ -137,8 +168,7 @@ class _FutureWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
-        if not self._op.queued:
-            self._completer.put(self._op)
+        self._completer.watch(self._op)
         return self._future
 
     def is_completed(self) -> bool:
@@ -149,9 +179,10 @@ class _FutureWork(dist.Work):
 
 
 class _Completer:
-    """One daemon thread that runs each operation's ``finish`` in the order
-    the operations were started, for the waiters that only watch the
-    future (DDP's reducer)."""
+    """Completes the operations whose callers only watch the future (DDP's
+    reducer): through the collective's handles where they notify
+    (``Work.on_done``: no thread in between), else by one daemon thread
+    that runs each operation's ``finish`` in the order they were started."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -159,18 +190,23 @@ class _Completer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, finish: Callable[[], Any], *, eager: bool) -> _FutureWork:
-        op = _Op(finish)
+    def submit(self, finish: Callable[[], Any], handles: Sequence[Any], *, eager: bool) -> _FutureWork:
+        op = _Op(finish, handles)
         if eager:
-            self.put(op)
+            self.watch(op)
         return _FutureWork(op, self)
 
-    def put(self, op: _Op) -> None:
+    def watch(self, op: _Op) -> None:
+        """Make sure ``op`` completes without anyone calling ``wait()``."""
+        if op.watched:
+            return
+        op.watched = True
+        if op.notify_when_done():
+            return
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-        op.queued = True
         self._queue.put(op)
 
     def _run(self) -> None:
@@ -321,13 +357,17 @@ class CollectiveProcessGroup(dist.ProcessGroup):
 
     # -- helpers -----------------------------------------------------------
 
-    def _start(self, finish: Callable[[], Any], opts: Any) -> _FutureWork:
+    def _start(self, finish: Callable[[], Any], opts: Any, handles: Sequence[Any] = ()) -> _FutureWork:
         """The Work of an operation started; ``finish`` completes it. The
         group's thread runs it for an asynchronous call (``opts.asyncOp``,
         as torch's Python API sets it, and true in C++ callers' options);
         a synchronous caller waits at once and runs it itself, so it is
         handed to the thread only if someone asks for the future."""
-        return self._completer.submit(finish, eager=bool(getattr(opts, "asyncOp", True)))
+        return self._completer.submit(finish, handles, eager=bool(getattr(opts, "asyncOp", True)))
+
+    def _start_all(self, started: Sequence[_Started], opts: Any) -> _FutureWork:
+        """:meth:`_start` of several operations, done when all are."""
+        return self._start(lambda: [finish() for finish, _ in started], opts, [h for _, h in started])
 
     def _op(self, opts: Any) -> tuple[str, float | None]:
         """The contract's op name, and the factor to multiply the result by
@@ -363,7 +403,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                     t.mul_(factor)
             return tensors_
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, handles)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -381,9 +421,9 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                     t.mul_(factor)
             return tensors_
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, handles)
 
-    def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Callable[[], Any]:
+    def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Started:
         op, factor = self._op(opts)
         size = self._collective.world_size
         if input.numel() != output.numel() * size:
@@ -399,31 +439,31 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                 output.mul_(factor)
             return output
 
-        return finish
+        return finish, handle
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        finish = self._reduce_scatter_into(output, input, opts)
-        return self._start(lambda: [finish()], opts)
+        finish, handle = self._reduce_scatter_into(output, input, opts)
+        return self._start(lambda: [finish()], opts, [handle])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        finishes = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._start(lambda: [f() for f in finishes], opts)
+        started = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._start_all(started, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
         # One stacked copy of the inputs: the contract reduces one tensor.
-        finishes = [
+        started = [
             self._reduce_scatter_into(o, torch.stack(list(ins)), opts)
             for o, ins in zip(self._tensors(outputs), input_lists, strict=True)
         ]
-        return self._start(lambda: [f() for f in finishes], opts)
+        return self._start_all(started, opts)
 
     # -- gathers -------------------------------------------------------------
 
-    def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor) -> Callable[[], Any]:
+    def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor) -> _Started:
         size = self._collective.world_size
         if output.numel() != input.numel() * size:
             raise MisconfigurationError(
@@ -438,17 +478,17 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                 chunk.copy_(part.reshape(-1))
             return output
 
-        return finish
+        return finish, handle
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        finish = self._all_gather_into(output, input)
-        return self._start(lambda: [finish()], opts)
+        finish, handle = self._all_gather_into(output, input)
+        return self._start(lambda: [finish()], opts, [handle])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        finishes = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return self._start(lambda: [f() for f in finishes], opts)
+        started = [self._all_gather_into(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._start_all(started, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
@@ -464,7 +504,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                     out.copy_(part)
             return [t for outs in output_lists for t in outs]
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, handles)
 
     def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> dist.Work:
         # torch's layout: output_lists[rank][i] is that rank's inputs[i].
@@ -476,7 +516,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                     output_lists[rank][i].copy_(part)
             return [t for outs in output_lists for t in outs]
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, handles)
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
         root = getattr(opts, "rootRank", 0)
@@ -489,31 +529,31 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                 out.copy_(part)
             return outs
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, [handle])
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
         root = getattr(opts, "rootRank", 0)
         output = self._tensors(outputs)[0]
         chunks = list(input_lists[0]) if self._collective.rank == root and input_lists else None
         handle = self._c.scatter(output, chunks, root, async_op=True)
-        return self._start(lambda: [handle.wait()], opts)
+        return self._start(lambda: [handle.wait()], opts, [handle])
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
         tensors = self._tensors(tensors)
         root = getattr(opts, "rootRank", 0)
         handles = [self._c.broadcast(t, root, async_op=True) for t in tensors]
-        return self._start(lambda: (_wait(handles), tensors)[1], opts)
+        return self._start(lambda: (_wait(handles), tensors)[1], opts, handles)
 
     # -- all to all ----------------------------------------------------------
 
-    def _all_to_all(self, sends: list[torch.Tensor], receive_rows: list[int] | None) -> Callable[[], Any]:
+    def _all_to_all(self, sends: list[torch.Tensor], receive_rows: list[int] | None) -> _Started:
         """Start the contract's all_to_all of ``sends``; ``finish()`` returns
         what each rank sent. ``receive_rows``: the rows (dim 0) to receive
         from each rank where they may differ from the rows sent to it; the
         chunks then travel padded to the largest of any rank."""
         if receive_rows is None:
             handle = self._c.all_to_all(sends, async_op=True)
-            return lambda: handle.wait()
+            return handle.wait, handle
         longest = torch.tensor([max([*receive_rows, *(s.shape[0] for s in sends), 0])], dtype=torch.int64)
         rows = int(self._c.all_reduce(longest.to(sends[0].device), "max").item())
         padded = []
@@ -522,7 +562,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
             p[: s.shape[0]].copy_(s)
             padded.append(p)
         handle = self._c.all_to_all(padded, async_op=True)
-        return lambda: [r[:n] for r, n in zip(handle.wait(), receive_rows, strict=True)]
+        return lambda: [r[:n] for r, n in zip(handle.wait(), receive_rows, strict=True)], handle
 
     def all_to_all_single(
         self,
@@ -537,14 +577,14 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         uneven = bool(output_split_sizes) or bool(input_split_sizes)
         ins = list(input_split_sizes) or [input.shape[0] // size] * size
         outs = list(output_split_sizes) or [output.shape[0] // size] * size
-        received = self._all_to_all(list(torch.split(input, ins)), outs if uneven else None)
+        received, handle = self._all_to_all(list(torch.split(input, ins)), outs if uneven else None)
 
         def finish() -> list[torch.Tensor]:
             for chunk, part in zip(torch.split(output, outs), received(), strict=True):
                 chunk.copy_(part)
             return [output]
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, [handle])
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]
 
@@ -552,20 +592,20 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         # Flattened, each padded to the longest of any rank: whether the
         # shapes differ is known to each rank only for itself, and every
         # rank must take the same path.
-        received = self._all_to_all([i.reshape(-1) for i in inputs], [o.numel() for o in outputs])
+        received, handle = self._all_to_all([i.reshape(-1) for i in inputs], [o.numel() for o in outputs])
 
         def finish() -> list[torch.Tensor]:
             for out, part in zip(outputs, received(), strict=True):
                 out.copy_(part.view(out.shape))
             return list(outputs)
 
-        return self._start(finish, opts)
+        return self._start(finish, opts, [handle])
 
     # -- the rest ----------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> dist.Work:
         handle = self._c.barrier(async_op=True)
-        return self._start(lambda: (handle.wait() if handle is not None else None, [])[1], opts)
+        return self._start(lambda: (handle.wait() if handle is not None else None, [])[1], opts, [handle])
 
     def send(self, tensors: Any, dst_rank: int, tag: int = 0) -> dist.Work:
         # The contract's send is synchronous: it returns once sent.
