@@ -112,7 +112,8 @@ def train(strategy, steps: int) -> dict[str, float]:
     if BATCH % world or world > TABLES:
         raise SystemExit(f"{world} ranks cannot share {TABLES} tables and a batch of {BATCH} evenly")
     dense = make_dense().to(device)
-    dense = DistributedDataParallel(dense) if world > 1 else dense
+    # Over the strategy's collective (whichever was named), not a group of torch's own.
+    dense = DistributedDataParallel(dense, process_group=strategy.process_group) if world > 1 else dense
     embeddings = ShardedEmbeddings(strategy).to(device)
     dense, embeddings = strategy.setup(dense), strategy.setup(embeddings)  # manual: left as they are
     optimizer = torch.optim.Adam([*dense.parameters(), *embeddings.parameters()], lr=0.02)

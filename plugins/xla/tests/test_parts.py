@@ -186,3 +186,11 @@ def test_auto_chooses_xla_and_its_strategy_where_pjrt_device_is_set():
     plan = phalanx.Registry().plan("auto", devices=2)
     assert (plan.accelerator.name, plan.strategy.name) == ("xla", "xla"), plan.explain()
     assert (plan.environment.name, plan.launcher.name, plan.collective.name) == ("xla", "xla", "xla")
+
+
+def test_a_collective_other_than_xla_is_refused_when_resolving():
+    # The gradients would go through xm.all_reduce whatever was named.
+    with pytest.raises(
+        MisconfigurationError, match=r"strategy 'xla' with collective 'torch'.*xm\.all_reduce"
+    ):
+        xla(collective="torch")

@@ -45,6 +45,15 @@ class XLAStrategy(Strategy):
     """
 
     def __init__(self, **parts: Any) -> None:
+        collective = parts.get("collective")
+        if getattr(collective, "name", None) != "xla":
+            # Its gradients go through torch_xla's own all_reduce, never
+            # through another collective: refused, not a silent detour.
+            raise MisconfigurationError(
+                f"strategy 'xla' with collective {getattr(collective, 'name', type(collective).__name__)!r}: "
+                "the xla strategy averages gradients with torch_xla's xm.all_reduce, which runs on the "
+                "'xla' collective's replicas only; drop collective= (or give collective='xla')"
+            )
         super().__init__(**parts)
         name = getattr(self.precision, "name", type(self.precision).__name__)
         if name not in PRECISIONS:
