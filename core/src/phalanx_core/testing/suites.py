@@ -148,6 +148,21 @@ def kill_on_rank(strategy: Any, rank: int) -> None:
 # -- collectives -------------------------------------------------------------------
 
 
+def _with_collective(suite: Any, strategy: str, devices: int, options: Mapping[str, Any]) -> Any:
+    """``strategy`` resolved with the suite's collective (by name), its
+    accelerator, launcher and options, and ``options``."""
+    import phalanx
+
+    if not suite.collective:
+        raise pytest.UsageError(f"{type(suite).__name__}: set collective = '<its name>'")
+    flags: dict[str, Any] = {**suite.options, **options}
+    if suite.launcher:
+        flags["launcher"] = suite.launcher
+    return phalanx.resolve(
+        strategy, accelerator=suite.accelerator, devices=devices, collective=suite.collective, **flags
+    )
+
+
 class CollectiveSuite:
     """The Collective contract for the collective named ``collective``.
 
@@ -181,16 +196,7 @@ class CollectiveSuite:
 
     def resolve(self, devices: int, **options: Any) -> Any:
         """The strategy the tests launch: your collective in it by name."""
-        import phalanx
-
-        if not self.collective:
-            raise pytest.UsageError(f"{type(self).__name__}: set collective = '<its name>'")
-        flags: dict[str, Any] = {**self.options, **options}
-        if self.launcher:
-            flags["launcher"] = self.launcher
-        return phalanx.resolve(
-            self.strategy, accelerator=self.accelerator, devices=devices, collective=self.collective, **flags
-        )
+        return _with_collective(self, self.strategy, devices, options)
 
     def test_the_contract(self, world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
@@ -248,16 +254,7 @@ class TrafficSuite:
 
     def resolve(self, strategy: str, **options: Any) -> Any:
         """The strategy the test launches: your collective in it by name."""
-        import phalanx
-
-        if not self.collective:
-            raise pytest.UsageError(f"{type(self).__name__}: set collective = '<its name>'")
-        flags: dict[str, Any] = {**self.options, **options}
-        if self.launcher:
-            flags["launcher"] = self.launcher
-        return phalanx.resolve(
-            strategy, accelerator=self.accelerator, devices=self.devices, collective=self.collective, **flags
-        )
+        return _with_collective(self, strategy, self.devices, options)
 
     def test_training_traffic_goes_through_it(
         self, strategy_name: str, monkeypatch: pytest.MonkeyPatch
