@@ -279,6 +279,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="rows per step and rank (default 64; 8 with --collective)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.collective and args.strategy != "ddp_spawn":
+        # The plain fully_shard side would build its mesh on torch's default
+        # group, which is the collective's adapter when phalanx made it.
+        parser.error(
+            "--collective measures ddp only (DDP over the collective against DDP over gloo); drop --strategy"
+        )
     devices = args.devices or (2 if args.accelerator == "cpu" else 1)
     flags: dict[str, Any] = {"launcher": "spawn"}
     if args.collective:
