@@ -51,3 +51,14 @@ class TestHorovodLauncherUnderDDP(LauncherSuite):
     launcher = "horovod"
     strategy = "ddp"
     num_processes = 3
+
+
+class TestHorovodStrategyTrafficOverTorch(TrafficSuite):
+    """The horovod strategy with torch's collective: phalanx's version of
+    DistributedOptimizer sends every gradient through the collective's
+    ``all_reduce`` (counted on the collective object), to the weights of one
+    process."""
+
+    collective = "torch"
+    strategies = ("horovod",)
+    launcher = "horovod"

@@ -4,7 +4,10 @@ setup, gradients averaged by hvd.DistributedOptimizer (one step equals the
 full-batch step of one process), accumulation with
 backward_passes_per_step, clipping of the reduced gradients, checkpoints
 written by rank 0, the precisions, and torch's DDP over the horovod
-collective. Option errors are refused when resolving."""
+collective. The same tests run with the torch collective, whose strategy
+wraps optimizers in phalanx's version of DistributedOptimizer (gradients
+through the collective), and reach Horovod's own weights. Option errors are
+refused when resolving."""
 
 from __future__ import annotations
 
@@ -39,6 +42,11 @@ def resolve(strategy: str = "horovod", **flags):
     return phalanx.resolve(strategy, accelerator="cpu", devices=2, **flags)
 
 
+#: Horovod's own DistributedOptimizer, and phalanx's over torch's collective
+#: (a gloo group in the ranks the horovod launcher starts).
+collectives = pytest.mark.parametrize("collective", ["horovod", "torch"])
+
+
 def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
@@ -71,7 +79,7 @@ def setup_step_clip_checkpoint(strategy, folder: str):
     out["params_from_rank_0"] = same_everywhere(strategy, flat(net))
     momentum = torch.cat([s["momentum_buffer"].reshape(-1) for s in optimizer.state.values()])
     out["momentum_from_rank_0"] = same_everywhere(strategy, momentum)
-    out["wrapped"] = type(optimizer).__mro__[1].__name__
+    out["wrapped"] = (type(optimizer).__name__, isinstance(optimizer, torch.optim.SGD))
     # one step of both ranks == one step of one process on both batches
     reference = copy.deepcopy(net)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
@@ -101,13 +109,14 @@ def setup_step_clip_checkpoint(strategy, folder: str):
     return r, out
 
 
-def test_setup_step_clipping_and_checkpoints(tmp_path):
-    results = dict(resolve().launch(setup_step_clip_checkpoint, str(tmp_path)))
+@collectives
+def test_setup_step_clipping_and_checkpoints(tmp_path, collective):
+    results = dict(resolve(collective=collective).launch(setup_step_clip_checkpoint, str(tmp_path)))
     for r, out in results.items():
         assert out == {
             "params_from_rank_0": True,
             "momentum_from_rank_0": True,
-            "wrapped": "SGD",
+            "wrapped": ("SGD", True),
             "step_is_the_full_batch_step": True,
             "clip_norm_everywhere": True,
             "after_clip": True,
@@ -135,8 +144,9 @@ def accumulate(strategy, passes: int):
     return torch.allclose(reduced, expected, atol=1e-6), kept_local
 
 
-def test_accumulation_keeps_passes_local_until_the_nth():
-    results = resolve(backward_passes_per_step=3).launch(accumulate, 3)
+@collectives
+def test_accumulation_keeps_passes_local_until_the_nth(collective):
+    results = resolve(backward_passes_per_step=3, collective=collective).launch(accumulate, 3)
     assert results == [(True, True), (True, True)]
 
 
@@ -149,25 +159,28 @@ def no_sync_with_one_pass(strategy):
     return "accepted"
 
 
-def test_no_backward_sync_without_accumulation_is_refused():
-    for message in resolve().launch(no_sync_with_one_pass):
+@collectives
+def test_no_backward_sync_without_accumulation_is_refused(collective):
+    for message in resolve(collective=collective).launch(no_sync_with_one_pass):
         assert "backward_passes_per_step=N" in message, message
 
 
-def train(strategy, steps: int = 20):
+def train(strategy, steps: int = 20, passes: int = 1):
     torch.manual_seed(0)
-    net, optimizer = strategy.setup(model(), functools.partial(torch.optim.SGD, lr=0.1))
+    net, optimizer = strategy.setup(model(), functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
     x, y = strategy.batch_to_device(data(strategy.global_rank, 32))
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        with strategy.forward_context():
-            loss = torch.nn.functional.mse_loss(net(x).float(), y.float())
-        strategy.backward(loss)
+        for k in range(passes):
+            with strategy.no_backward_sync(net, enabled=k < passes - 1), strategy.forward_context():
+                loss = torch.nn.functional.mse_loss(net(x[k::passes]).float(), y[k::passes].float())
+            strategy.backward(loss)
         strategy.optimizer_step(optimizer)
         losses.append(loss.item())
     params = flat(net)
-    return losses[0], losses[-1], same_everywhere(strategy, params), str(next(net.parameters()).dtype)
+    dtype = str(next(net.parameters()).dtype)
+    return losses[0], losses[-1], same_everywhere(strategy, params), dtype, params.tolist()
 
 
 @pytest.mark.parametrize(
@@ -180,11 +193,37 @@ def train(strategy, steps: int = 20):
         ({"op": "sum"}, "torch.float32"),
     ],
 )
-def test_training_in_each_precision_and_option(flags, dtype):
-    for first, last, same, got in resolve(**flags).launch(train):
+@collectives
+def test_training_in_each_precision_and_option(flags, dtype, collective):
+    for first, last, same, got, _ in resolve(collective=collective, **flags).launch(train):
         assert last < first, (flags, first, last)
         assert same, f"{flags}: the ranks' parameters differ after training"
         assert got == dtype
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},
+        {"op": "sum"},
+        {"gradient_predivide_factor": 2.0},
+        {"compression": "fp16"},
+        {"backward_passes_per_step": 2},
+    ],
+    ids=["mean", "sum", "predivide", "fp16", "accumulate-2"],
+)
+def test_over_another_collective_the_weights_are_horovods(flags):
+    """phalanx's DistributedOptimizer over torch's collective trains to the
+    weights Horovod's own reaches, option by option; the gradients went
+    through the collective (its all_reduce carried them)."""
+    results = {
+        collective: resolve(collective=collective, **flags).launch(
+            train, 6, flags.get("backward_passes_per_step", 1)
+        )
+        for collective in ("horovod", "torch")
+    }
+    for native, ours in zip(results["horovod"], results["torch"], strict=True):
+        torch.testing.assert_close(torch.tensor(ours[4]), torch.tensor(native[4]), rtol=0, atol=1e-6)
 
 
 def test_ddp_over_the_horovod_collective_trains():
@@ -193,7 +232,7 @@ def test_ddp_over_the_horovod_collective_trains():
     through Horovod."""
     strategy = resolve("ddp", collective="horovod", launcher="horovod")
     assert type(strategy.collective).__name__ == "HorovodCollective"
-    for first, last, same, _ in strategy.launch(train):
+    for first, last, same, _, _ in strategy.launch(train):
         assert last < first and same
 
 
@@ -205,7 +244,7 @@ def test_ddp_over_the_horovod_collective_trains():
         ({"compression": "zip"}, MisconfigurationError, ["compression='zip'", "'fp16'"]),
         ({"op": "sum", "gradient_predivide_factor": 2.0}, MisconfigurationError, ["op='mean'"]),
         ({"op": "adasum"}, UnavailableError, ["MPI", "op='mean'"]),
-        ({"collective": "torch"}, MisconfigurationError, ["collective 'torch'", "'ddp'"]),
+        ({"op": "adasum", "collective": "torch"}, MisconfigurationError, ["collective 'torch'", "op='mean'"]),
     ],
 )
 def test_bad_options_are_refused_when_resolving(flags, error, words):

@@ -130,5 +130,5 @@ def run_traffic(strategy: Any, kind: str) -> dict[str, Any]:
         "calls": dict(calls),
         "bytes": dict(carried),
         "gradient_bytes": gradient_bytes,
-        "process_group": type(strategy.process_group).__name__,
+        "process_group": type(getattr(strategy, "process_group", None)).__name__,
     }

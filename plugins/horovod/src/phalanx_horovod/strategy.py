@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from phalanx_core import MisconfigurationError, Strategy, UnavailableError
 
 from ._hvd import hvd
+from ._reduce import reducing_optimizer
 from .collective import HorovodCollective
 
 __all__ = ["HorovodStrategy"]
@@ -73,11 +74,18 @@ class HorovodStrategy(Strategy):
             and by ``size / factor`` after (``op="mean"`` only).
         sparse_as_dense: reduce sparse gradients as dense tensors.
 
-    Its collective must be ``horovod``: ``DistributedOptimizer`` talks to
-    Horovod itself, which that collective sets up.
+    The collective carries the gradients. With ``horovod`` (the default)
+    the optimizers are wrapped in ``hvd.DistributedOptimizer``, which talks
+    to Horovod itself (tensor fusion, Adasum). With any other collective
+    (``collective="torch"``, ``"mpi"``, a third party's) they are wrapped in
+    phalanx's own version of it, with the same options and behaviour
+    (except ``op="adasum"``, Horovod's alone): gradients are reduced in
+    buckets of 25 MiB through that collective's ``all_reduce`` as backward
+    produces them, in the same order on every rank.
     """
 
     name: ClassVar[str] = "horovod"
+    traffic: ClassVar[frozenset[str]] = frozenset({"broadcast", "all_reduce"})
 
     def __init__(
         self,
@@ -90,13 +98,7 @@ class HorovodStrategy(Strategy):
         **parts: Any,
     ) -> None:
         super().__init__(**parts)
-        if not isinstance(self.collective, HorovodCollective):
-            raise MisconfigurationError(
-                f"strategy 'horovod' with collective {getattr(self.collective, 'name', '?')!r} "
-                f"({type(self.collective).__name__}): hvd.DistributedOptimizer reduces gradients through "
-                "Horovod itself, which only the 'horovod' collective sets up; drop collective=, or use "
-                "strategy 'ddp' for another collective"
-            )
+        self._native = isinstance(self.collective, HorovodCollective)
         if (
             isinstance(backward_passes_per_step, bool)
             or not isinstance(backward_passes_per_step, int)
@@ -120,6 +122,12 @@ class HorovodStrategy(Strategy):
             raise MisconfigurationError(
                 f"strategy 'horovod': gradient_predivide_factor={gradient_predivide_factor!r}; give a "
                 "positive number"
+            )
+        if op == "adasum" and not self._native:
+            raise MisconfigurationError(
+                f"strategy 'horovod' with op='adasum' and collective "
+                f"{getattr(self.collective, 'name', '?')!r}: Adasum is Horovod's own reduction, which "
+                "only the 'horovod' collective runs; use collective='horovod', or op='mean' or 'sum'"
             )
         if op == "adasum" and not hvd().mpi_built():
             raise UnavailableError(
@@ -154,9 +162,9 @@ class HorovodStrategy(Strategy):
         return module
 
     def setup_optimizer(self, optimizer: Any) -> Any:
-        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` with its state
-        from rank 0."""
-        h = hvd()
+        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` (or, with
+        another collective, phalanx's version of it) with its state from
+        rank 0."""
         state = optimizer.state_dict()
         if self.world_size > 1:
             state = self.collective.broadcast_object(state if self.is_global_zero else None, 0)
@@ -168,6 +176,18 @@ class HorovodStrategy(Strategy):
                 "strategy 'horovod': an optimizer holds parameters that are not the module's; pass "
                 "optimizers of the module given to setup() (or factories: functools.partial(SGD, lr=...))"
             )
+        if not self._native:
+            optimizer.load_state_dict(state)
+            return reducing_optimizer(
+                optimizer,
+                self.collective,
+                backward_passes_per_step=self.backward_passes_per_step,
+                op=self.op,
+                compression=self.compression,
+                gradient_predivide_factor=self.gradient_predivide_factor,
+                sparse_as_dense=self.sparse_as_dense,
+            )
+        h = hvd()
         inner = h.Compression.fp16 if self.compression == "fp16" else h.Compression.none
         op = {"mean": h.Average, "sum": h.Sum, "adasum": h.Adasum}[self.op]
         wrapped = h.DistributedOptimizer(
