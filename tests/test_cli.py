@@ -100,6 +100,50 @@ def test_explain_says_where_the_job_listens(argv, listens):
 
 
 @pytest.mark.parametrize(
+    ("argv", "traffic"),
+    [
+        (
+            ["--strategy", "ddp"],
+            "DDP's gradient buckets and broadcasts go through the torch collective's own c10d group",
+        ),
+        (
+            ["--strategy", "fsdp", "--collective", "thirdparty"],
+            "fully_shard's all-gathers and reduce-scatters go through the 'thirdparty' collective's "
+            "operations, as a torch ProcessGroup (CollectiveProcessGroup)",
+        ),
+        (
+            ["--strategy", "manual", "--collective", "thirdparty"],
+            "your DDP / FSDP / DTensor on strategy.process_group go through the 'thirdparty' collective's",
+        ),
+        (["--strategy", "single_device", "--devices", "1"], None),
+    ],
+)
+def test_explain_says_which_part_carries_the_training_traffic(phalanx_distribution, argv, traffic):
+    phalanx_distribution(
+        "phalanx-thirdparty",
+        entry_points={"thirdparty": "phalanx_thirdparty"},
+        modules={
+            "phalanx_thirdparty": (
+                "from phalanx_core import CollectiveSpec, hookimpl\n"
+                "@hookimpl\n"
+                "def phalanx_collectives():\n"
+                "    return [CollectiveSpec(name='thirdparty', target='phalanx_thirdparty.impl:C')]\n"
+            )
+        },
+    )
+    code, out = run("explain", "--accelerator", "cpu", "--devices", "2", *argv)
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if line.startswith("traffic  ")]
+    if traffic is None:
+        assert not lines, out
+    else:
+        assert lines and lines[0].startswith(f"traffic      {traffic}"), out
+    code, out = run("explain", "--json", "--accelerator", "cpu", "--devices", "2", *argv)
+    got = json.loads(out)["traffic"]
+    assert got is None if traffic is None else got.startswith(traffic)
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--strategy", "nope"], "unknown strategy 'nope'"),

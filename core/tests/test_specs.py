@@ -34,3 +34,16 @@ def test_specs_are_frozen_data_with_their_kind():
 def test_bad_specs_say_what_is_wrong(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CollectiveSpec(**kwargs)
+
+
+def test_a_strategy_says_where_its_traffic_goes_per_collective():
+    spec = StrategySpec(
+        name="s", target="a:B", traffic={"mine": "its own wire", "*": "the {collective!r} collective"}
+    )
+    assert spec.traffic_through("mine") == "its own wire"
+    assert spec.traffic_through("theirs") == "the 'theirs' collective"
+    with pytest.raises(TypeError):
+        spec.traffic["x"] = "y"  # type: ignore[index]
+    assert StrategySpec(name="s", target="a:B").traffic_through("mine") is None
+    with pytest.raises(ValueError, match="traffic must map collective names"):
+        StrategySpec(name="s", target="a:B", traffic={"mine": 3})  # type: ignore[dict-item]

@@ -178,6 +178,12 @@ class StrategySpec(Spec):
             any. A user asking for another one gets an error.
         parallel: the strategy runs one process per device and can use more
             than one device; a strategy that is not parallel uses exactly one.
+        traffic: where the strategy's training traffic goes, in one line per
+            collective name, for ``phalanx explain``; the key ``"*"`` stands
+            for any other collective, and ``{collective}`` in a line for the
+            collective's name (``{"torch": "its own c10d group", "*": "the
+            {collective!r} collective, as a ProcessGroup"}``). Empty: the
+            strategy does not say.
     """
 
     kind: ClassVar[Kind] = Kind.STRATEGY
@@ -186,10 +192,24 @@ class StrategySpec(Spec):
     environment: str | None = None
     accelerators: tuple[str, ...] = ()
     parallel: bool = False
+    traffic: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "accelerators", tuple(self.accelerators))
+        if not isinstance(self.traffic, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.traffic.items()
+        ):
+            raise ValueError(
+                f"StrategySpec {self.name!r}: traffic must map collective names (or '*') to one line "
+                f"of text each, got {self.traffic!r}"
+            )
+        object.__setattr__(self, "traffic", _freeze(self.traffic))
+
+    def traffic_through(self, collective: str) -> str | None:
+        """The ``traffic`` line for ``collective`` (a name), or ``None``."""
+        line = self.traffic.get(collective, self.traffic.get("*"))
+        return None if line is None else line.format(collective=collective)
 
 
 SPEC_TYPES: dict[Kind, type[Spec]] = {

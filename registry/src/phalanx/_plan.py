@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx_core.accelerator import DevicesFlag
-from phalanx_core.specs import Kind, Spec
+from phalanx_core.specs import Kind, Spec, StrategySpec
 
 from ._discovery import Provider
 
@@ -76,12 +76,24 @@ class Plan:
         """The chosen parts in build order (a strategy instance has none)."""
         return [c for c in (getattr(self, str(k)) for k in BUILD_ORDER) if c is not None]
 
+    def traffic(self) -> str | None:
+        """Where the training traffic goes, as the strategy's spec says for
+        the chosen collective (``StrategySpec.traffic``); ``None`` when it
+        does not say, or for a strategy or collective passed as an instance."""
+        spec = self.strategy.spec
+        if not isinstance(spec, StrategySpec) or self.collective is None:
+            return None
+        if self.collective.spec is None:
+            return None
+        return spec.traffic_through(self.collective.name)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "devices": self.devices if isinstance(self.devices, (int, str)) else list(self.devices),
             "num_nodes": self.num_nodes,
             "options": {k: repr(v) for k, v in self.options.items()},
             "parts": {str(c.kind): c.to_dict() for c in self.parts()},
+            "traffic": self.traffic(),
         }
 
     def explain(self) -> str:
@@ -96,6 +108,9 @@ class Plan:
             lines[0] += " options: " + ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         for kind, name, source, reason in rows:
             lines.append(f"{kind:<{width[0]}}  {name:<{width[1]}}  {source:<{width[2]}}  {reason}")
+        traffic = self.traffic()
+        if traffic:
+            lines.append(f"{'traffic':<{width[0]}}  {traffic}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -78,5 +78,10 @@ def phalanx_strategies() -> list[StrategySpec]:
             priority=-30,
             needs=_NEEDS,
             install=INSTALL,
+            traffic={
+                "horovod": "gradients go through Horovod itself (hvd.DistributedOptimizer)",
+                "*": "gradients go through the {collective!r} collective's all_reduce, in buckets "
+                "(phalanx's version of hvd.DistributedOptimizer)",
+            },
         )
     ]

@@ -191,6 +191,13 @@ def phalanx_strategies() -> list[StrategySpec]:
             "your own parallelism: phalanx gives ranks, processes and the group; you place and wrap",
         ),
     )
+    own = "the torch collective's own c10d group (gloo, nccl), nothing in between"
+    other = "the {collective!r} collective's operations, as a torch ProcessGroup (CollectiveProcessGroup)"
+    traffic = {
+        "DDPStrategy": "DDP's gradient buckets and broadcasts go through ",
+        "FSDPStrategy": "fully_shard's all-gathers and reduce-scatters go through ",
+        "ManualStrategy": "your DDP / FSDP / DTensor on strategy.process_group go through ",
+    }
     return [
         StrategySpec(
             name="single_device",
@@ -213,6 +220,7 @@ def phalanx_strategies() -> list[StrategySpec]:
                 priority=priority,
                 needs=_NEEDS,
                 install=_INSTALL,
+                traffic={"torch": traffic[cls] + own, "*": traffic[cls] + other},
             )
             for name, cls, launcher, priority, summary in parallel
         ),

@@ -100,6 +100,7 @@ def phalanx_strategies() -> list[StrategySpec]:
             # The only parallel strategy for accelerator 'xla' ("auto" with
             # xla picks it over ddp, priority 10); it never fits another one.
             priority=50,
+            traffic={"xla": "gradients go through torch_xla itself (xm.optimizer_step's all_reduce)"},
             **common,  # type: ignore[arg-type]
         ),
         StrategySpec(
