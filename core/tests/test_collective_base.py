@@ -5,13 +5,18 @@ import pytest
 from phalanx_core import (
     OPERATIONS,
     Collective,
+    CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
     NonMember,
     NotInGroupError,
     UnavailableError,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    poll,
+    timed_out,
 )
 
 
@@ -109,3 +114,58 @@ def test_the_kit_holds_a_collective_to_its_subgroups_declaration():
 
     with pytest.raises(AssertionError, match=r"subgroups = False, yet new_group of fewer"):
         check_groups(_BreaksItsDeclaration())
+
+
+# -- the checks and waits every collective shares ------------------------------
+
+
+class _Shaped:
+    def __init__(self, shape: tuple[int, ...], dtype: str = "float32") -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def test_check_one_per_rank_names_the_operation_and_the_count():
+    assert check_one_per_rank((1, 2), 2, operation="all_to_all") == [1, 2]
+    with pytest.raises(
+        MisconfigurationError, match=r"all_to_all\(\): give one tensor per rank \(3 in this group\), got 2"
+    ):
+        check_one_per_rank([1, 2], 3, operation="all_to_all")
+
+
+def test_check_scatter_list_says_which_entry_is_wrong():
+    tensor = _Shaped((2,))
+    got = check_scatter_list([_Shaped((2,)), _Shaped((2,))], tensor, 2, src=1)
+    assert len(got) == 2
+    with pytest.raises(
+        MisconfigurationError, match=r"scatter\(src=1\): .* one tensor per rank \(2 in this group\); got None"
+    ):
+        check_scatter_list(None, tensor, 2, src=1)
+    with pytest.raises(MisconfigurationError, match=r"got 1 tensor\(s\)"):
+        check_scatter_list([tensor], tensor, 2, src=0)
+    with pytest.raises(
+        MisconfigurationError, match=r"scatter_list\[1\] is \(3,\), but the tensor that receives is \(2,\)"
+    ):
+        check_scatter_list([_Shaped((2,)), _Shaped((3,))], tensor, 2, src=0)
+    check_scatter_list([_Shaped((2,), "int64")] * 2, tensor, 2, src=0)  # dtypes: the backend converts
+    with pytest.raises(
+        MisconfigurationError, match=r"scatter_list\[0\] is \(2,\) int64, but .* \(2,\) float32"
+    ):
+        check_scatter_list([_Shaped((2,), "int64")] * 2, tensor, 2, src=0, dtype=True)
+
+
+def test_poll_asks_until_done_or_the_deadline():
+    answers = iter([False, False, True])
+    assert poll(lambda: next(answers), 10.0)
+    asked: list[int] = []
+    assert not poll(lambda: asked.append(1) or False, 0.05, spin=0.01, spin_nap=0.0, nap=0.005)
+    assert len(asked) >= 2
+
+
+def test_timed_out_is_the_error_every_collective_raises():
+    error = timed_out("mine", "all_reduce", 3.0, where="rank 1 of 2", then="end the job", missing_ranks=(0,))
+    assert isinstance(error, CollectiveTimeoutError)
+    assert (error.operation, error.timeout, error.missing_ranks) == ("all_reduce", 3.0, (0,))
+    assert str(error) == (
+        "all_reduce() on the 'mine' collective (rank 1 of 2) did not complete within 3 s; ranks [0] did not "
+        "arrive. A rank may have died, hung, or not called the same operation in the same order; end the job"
+    )

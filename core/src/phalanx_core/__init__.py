@@ -11,8 +11,12 @@ from .collective import (
     CompletedWork,
     NonMember,
     Work,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    poll,
+    timed_out,
 )
 from .environment import ClusterEnvironment
 from .errors import (
@@ -75,8 +79,12 @@ __all__ = [
     "Work",
     "WorkerFailedError",
     "check_module_keys",
+    "check_one_per_rank",
     "check_rank",
     "check_reduce_op",
+    "check_scatter_list",
+    "poll",
+    "timed_out",
     "hookimpl",
     "parse_device_indices",
 ]

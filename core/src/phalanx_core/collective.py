@@ -77,11 +77,13 @@ exist, a ``scatter_list`` of the wrong length, ``send`` to oneself) raise
 
 from __future__ import annotations
 
+import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import MisconfigurationError, NotInGroupError, UnavailableError
+from .errors import CollectiveTimeoutError, MisconfigurationError, NotInGroupError, UnavailableError
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
@@ -98,8 +100,12 @@ __all__ = [
     "NonMember",
     "Tensor",
     "Work",
+    "check_one_per_rank",
     "check_rank",
     "check_reduce_op",
+    "check_scatter_list",
+    "poll",
+    "timed_out",
 ]
 
 #: A tensor of the collective's backend (``torch.Tensor``). Core imports no
@@ -162,6 +168,101 @@ def check_rank(value: int, world_size: int, *, operation: str, argument: str) ->
             f"give {argument} as a rank of the group (not a world rank, in a subgroup)"
         )
     return value
+
+
+def check_one_per_rank(tensors: Sequence[Tensor], world_size: int, *, operation: str) -> list[Tensor]:
+    """Return ``tensors`` as a list if it holds one tensor per rank of a
+    group of ``world_size`` (``all_to_all``'s argument); raise
+    :class:`MisconfigurationError` naming the operation otherwise."""
+    if len(tensors) != world_size:
+        raise MisconfigurationError(
+            f"{operation}(): give one tensor per rank ({world_size} in this group), got {len(tensors)}"
+        )
+    return list(tensors)
+
+
+def check_scatter_list(
+    scatter_list: Sequence[Tensor] | None,
+    tensor: Tensor,
+    world_size: int,
+    *,
+    src: int,
+    dtype: bool = False,
+) -> list[Tensor]:
+    """On the source rank of ``scatter``: return ``scatter_list`` as a list
+    if it holds one tensor per rank, each shaped like ``tensor`` (the one
+    that receives; and of its dtype, with ``dtype=True``, for a backend that
+    cannot convert); raise :class:`MisconfigurationError` saying which is
+    wrong otherwise."""
+    if scatter_list is None or len(scatter_list) != world_size:
+        got = "None" if scatter_list is None else f"{len(scatter_list)} tensor(s)"
+        raise MisconfigurationError(
+            f"scatter(src={src}): the source rank gives scatter_list, one tensor per rank "
+            f"({world_size} in this group); got {got}"
+        )
+    for i, t in enumerate(scatter_list):
+        if tuple(t.shape) != tuple(tensor.shape) or (dtype and t.dtype != tensor.dtype):
+            wanted = f"{tuple(tensor.shape)} {tensor.dtype}" if dtype else f"{tuple(tensor.shape)}"
+            got = f"{tuple(t.shape)} {t.dtype}" if dtype else f"{tuple(t.shape)}"
+            raise MisconfigurationError(
+                f"scatter(src={src}): scatter_list[{i}] is {got}, but the tensor that receives is "
+                f"{wanted}; give tensors like the one that receives"
+            )
+    return list(scatter_list)
+
+
+def poll(
+    done: Callable[[], bool],
+    timeout: float,
+    *,
+    spin: float = math.inf,
+    spin_nap: float | None = None,
+    nap: float = 0.0,
+) -> bool:
+    """Call ``done()`` until it is true (return ``True``) or ``timeout``
+    seconds have passed (return ``False``): how a collective whose backend
+    progresses only while it is asked (MPI's ``Test``, Horovod's ``poll``)
+    waits, to a deadline. For the first ``spin`` seconds it asks again at
+    once (after ``time.sleep(spin_nap)``, a yield of the GIL with ``0.0``,
+    unless ``None``); after that it sleeps ``nap`` seconds between asks, so
+    that a long wait leaves the CPU to the other threads."""
+    if done():
+        return True
+    start = time.monotonic()
+    deadline = start + timeout
+    while not done():
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        if now - start >= spin:
+            time.sleep(nap)
+        elif spin_nap is not None:
+            time.sleep(spin_nap)
+    return True
+
+
+def timed_out(
+    collective: str,
+    operation: str,
+    timeout: float,
+    *,
+    where: str,
+    then: str,
+    missing_ranks: tuple[int, ...] | None = None,
+) -> CollectiveTimeoutError:
+    """The :class:`CollectiveTimeoutError` of ``operation`` on the collective
+    named ``collective``, in the words every collective uses: ``where`` is
+    this rank in its group (``"rank 0 of 2"``, with what the backend adds),
+    ``then`` what the user should do now that the backend is in the state
+    it is (end the job, raise ``timeout=``)."""
+    who = f"; ranks {list(missing_ranks)} did not arrive" if missing_ranks else ""
+    return CollectiveTimeoutError(
+        f"{operation}() on the {collective!r} collective ({where}) did not complete within {timeout:g} s"
+        f"{who}. A rank may have died, hung, or not called the same operation in the same order; {then}",
+        operation=operation,
+        timeout=timeout,
+        missing_ranks=missing_ranks,
+    )
 
 
 class Work(ABC):

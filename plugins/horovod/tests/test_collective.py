@@ -198,6 +198,10 @@ def test_horovod_in_processes_it_did_not_start_is_refused_when_resolving(strateg
     assert "launcher='horovod'" in message and "horovodrun" in message
 
 
-def test_a_collective_other_than_horovod_is_refused_when_resolving():
-    with pytest.raises(MisconfigurationError, match=r"strategy 'horovod' with collective 'torch'.*'ddp'"):
-        phalanx.resolve("horovod", accelerator="cpu", devices=2, collective="torch")
+def test_another_collective_is_taken_and_adasum_with_it_refused_when_resolving():
+    # The gradients then go through that collective (test_strategy.py trains
+    # this way); Adasum is Horovod's alone.
+    strategy = phalanx.resolve("horovod", accelerator="cpu", devices=2, collective="torch")
+    assert type(strategy.collective).__name__ == "TorchCollective"
+    with pytest.raises(MisconfigurationError, match=r"op='adasum' and collective 'torch'"):
+        phalanx.resolve("horovod", accelerator="cpu", devices=2, collective="torch", op="adasum")

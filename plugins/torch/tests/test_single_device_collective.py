@@ -75,7 +75,7 @@ def test_objects(coll):
     [
         (lambda c: c.broadcast(torch.ones(1), 1), r"broadcast\(src=1\): the ranks of this group are 0..0"),
         (lambda c: c.all_reduce(torch.ones(1), "avg"), r"op='avg' is not a reduce op"),
-        (lambda c: c.scatter(torch.ones(1), None), r"scatter_list with one tensor per rank"),
+        (lambda c: c.scatter(torch.ones(1), None), r"gives scatter_list, one tensor per rank"),
         (lambda c: c.send(torch.ones(1), 0), r"send\(dst=0\): .* world of one"),
         (lambda c: c.recv(torch.ones(1), 0), r"recv\(src=0\): .* world of one"),
         (lambda c: c.all_to_all([]), r"one tensor per rank"),

@@ -50,19 +50,22 @@ import contextlib
 import itertools
 import pickle
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from phalanx_core import CollectiveTimeoutError, MisconfigurationError, UnavailableError
+from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.collective import (
     DEFAULT_TIMEOUT,
     REDUCE_OPS,
     Collective,
     NonMember,
     Work,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    poll,
+    timed_out,
 )
 
 from ._hvd import hvd, off_wire, on_wire
@@ -275,23 +278,17 @@ class HorovodCollective(Collective):
     def _synchronize(self, handle: int, operation: str) -> Any:
         """Poll ``handle`` until it is done or the timeout passes."""
         h = hvd()
-        if not h.poll(handle):
-            start = time.monotonic()
-            deadline = start + self.timeout
-            while not h.poll(handle):
-                now = time.monotonic()
-                if now > deadline:
-                    self._state["timed_out"] = True
-                    raise CollectiveTimeoutError(
-                        f"{operation}() on the 'horovod' collective did not complete within "
-                        f"{self.timeout:g} s: a rank of the group {list(self._global_ranks)} did not call "
-                        "it (Horovod cannot tell which). Horovod cannot cancel an operation, so it is "
-                        "unusable in this process now: end the job (teardown shuts Horovod down), and "
-                        "make every rank of the group call the same operations in the same order",
-                        operation=operation,
-                        timeout=self.timeout,
-                    )
-                time.sleep(0.0 if now - start < _SPIN else _POLL_SLEEP)
+        if not poll(lambda: bool(h.poll(handle)), self.timeout, spin=_SPIN, spin_nap=0.0, nap=_POLL_SLEEP):
+            self._state["timed_out"] = True
+            raise timed_out(
+                "horovod",
+                operation,
+                self.timeout,
+                where=f"rank {self._rank} of the group {list(self._global_ranks)}; Horovod cannot tell "
+                "which rank did not call it",
+                then="Horovod cannot cancel an operation, so it is unusable in this process now: end the "
+                "job (teardown shuts Horovod down)",
+            )
         return h.synchronize(handle)
 
     def _run(
@@ -438,22 +435,8 @@ class HorovodCollective(Collective):
         n = self._world_size or 1
         check_rank(src, n, operation="scatter", argument="src")
         if self._rank == src:
-            if scatter_list is None or len(scatter_list) != n:
-                raise MisconfigurationError(
-                    f"scatter(src={src}) on the 'horovod' collective: rank {src} gives the scatter_list, "
-                    f"one tensor per rank ({n}); got "
-                    f"{'None' if scatter_list is None else f'{len(scatter_list)} tensor(s)'}"
-                )
-            bad = [
-                i for i, t in enumerate(scatter_list) if t.shape != tensor.shape or t.dtype != tensor.dtype
-            ]
-            if bad:
-                raise MisconfigurationError(
-                    f"scatter(src={src}): scatter_list[{bad[0]}] is {tuple(scatter_list[bad[0]].shape)} "
-                    f"{scatter_list[bad[0]].dtype}, but tensor is {tuple(tensor.shape)} {tensor.dtype}; "
-                    "give tensors shaped like the one that receives"
-                )
-            send = torch.stack([t.reshape(tensor.shape) for t in scatter_list])
+            chunks = check_scatter_list(scatter_list, tensor, n, src=src, dtype=True)
+            send = torch.stack(chunks)
             splits = [1] * n
         else:
             send = tensor.new_empty((0, *tensor.shape))
@@ -520,11 +503,7 @@ class HorovodCollective(Collective):
         import torch
 
         n = self._world_size or 1
-        if len(tensors) != n:
-            raise MisconfigurationError(
-                f"all_to_all() on the 'horovod' collective: give one tensor per rank ({n}), got "
-                f"{len(tensors)}"
-            )
+        check_one_per_rank(tensors, n, operation="all_to_all")
         first = tensors[0]
         if any(t.dtype != first.dtype or t.shape[1:] != first.shape[1:] for t in tensors):
             raise MisconfigurationError(

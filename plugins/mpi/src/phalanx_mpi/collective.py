@@ -24,7 +24,6 @@ import functools
 import os
 import pickle
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -38,8 +37,12 @@ from phalanx_core.collective import (
     Collective,
     NonMember,
     Work,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    poll,
+    timed_out,
 )
 
 if TYPE_CHECKING:
@@ -277,20 +280,15 @@ class MPICollective(Collective):
 
     def _wait(self, request: Any, operation: str) -> None:
         # Test() drives MPI's progress, as a blocking call's wait loop does.
-        if request.Test():
-            return
-        deadline = time.monotonic() + self.timeout
-        while not request.Test():
-            if time.monotonic() > deadline:
-                self._stuck.append(request)
-                raise CollectiveTimeoutError(
-                    f"{operation}() on the 'mpi' collective (rank {self._comm.Get_rank()} of "
-                    f"{self._comm.Get_size()}) did not complete within {self.timeout:g} s. A rank may have "
-                    "died, hung, or not called the same operation. MPI cannot cancel it: this "
-                    "communicator is unusable now; end the job",
-                    operation=operation,
-                    timeout=self.timeout,
-                )
+        if not poll(request.Test, self.timeout):
+            self._stuck.append(request)
+            raise timed_out(
+                "mpi",
+                operation,
+                self.timeout,
+                where=f"rank {self._comm.Get_rank()} of {self._comm.Get_size()}",
+                then="MPI cannot cancel it: this communicator is unusable now; end the job",
+            )
 
     def _run(
         self, operation: str, request: Any, finish: Callable[[], Any], async_op: bool, *keep: Any
@@ -470,12 +468,8 @@ class MPICollective(Collective):
         root = comm.Get_rank() == src
         send = None
         if root:
-            if scatter_list is None or len(scatter_list) != size:
-                raise MisconfigurationError(
-                    f"scatter(): the source rank gives scatter_list with one tensor per rank ({size} "
-                    f"here), got {None if scatter_list is None else len(scatter_list)}"
-                )
-            send = self._raw(torch.stack([t.to(tensor.dtype) for t in scatter_list]).contiguous())
+            chunks = check_scatter_list(scatter_list, tensor, size, src=src)
+            send = self._raw(torch.stack([t.to(tensor.dtype) for t in chunks]).contiguous())
         buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
 
         def finish() -> Any:
@@ -512,10 +506,7 @@ class MPICollective(Collective):
 
         comm = self._live("all_to_all")
         size = comm.Get_size()
-        if len(tensors) != size:
-            raise MisconfigurationError(
-                f"all_to_all(): give one tensor per rank ({size} here), got {len(tensors)}"
-            )
+        check_one_per_rank(tensors, size, operation="all_to_all")
         for t in tensors:
             self._check_tensor(t, "all_to_all")
         if len({(tuple(t.shape), t.dtype) for t in tensors}) != 1:

@@ -17,14 +17,16 @@ import torch.distributed as dist
 from phalanx_core import (
     ClusterEnvironment,
     Collective,
-    CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
     NonMember,
     UnavailableError,
     Work,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    timed_out,
 )
 from phalanx_core.accelerator import Accelerator
 
@@ -113,12 +115,7 @@ class SingleDeviceCollective(Collective):
         async_op: bool = False,
     ) -> Any:
         check_rank(src, 1, operation="scatter", argument="src")
-        if scatter_list is None or len(scatter_list) != 1:
-            raise MisconfigurationError(
-                f"scatter(): the source rank gives scatter_list with one tensor per rank (1 here), "
-                f"got {None if scatter_list is None else len(scatter_list)}"
-            )
-        tensor.copy_(scatter_list[0])
+        tensor.copy_(check_scatter_list(scatter_list, tensor, 1, src=src)[0])
         return self._done(tensor, async_op)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False) -> Any:
@@ -126,10 +123,7 @@ class SingleDeviceCollective(Collective):
         return self._done(tensor.clone(), async_op)
 
     def all_to_all(self, tensors: Sequence[torch.Tensor], *, async_op: bool = False) -> Any:
-        if len(tensors) != 1:
-            raise MisconfigurationError(
-                f"all_to_all(): give one tensor per rank (1 here), got {len(tensors)}"
-            )
+        check_one_per_rank(tensors, 1, operation="all_to_all")
         return self._done([tensors[0].clone()], async_op)
 
     def _no_peer(self, operation: str, argument: str, value: int) -> MisconfigurationError:
@@ -425,14 +419,13 @@ class TorchCollective(Collective):
             return exc
         missing = _MISSING_RANKS.search(message)
         ranks = tuple(int(r) for r in missing.group(1).replace(" ", "").split(",") if r) if missing else None
-        who = f"; ranks {list(ranks)} did not arrive" if ranks else ""
-        return CollectiveTimeoutError(
-            f"{operation}() on the 'torch' collective ({self._backend}, rank {self._rank} of "
-            f"{self._world_size}) did not complete within {self.timeout:g} s{who}. A rank may have "
-            "died, hung, or not called the same operation; raise timeout= if the work is just slow",
-            operation=operation,
-            timeout=self.timeout,
-            missing_ranks=ranks,
+        return timed_out(
+            "torch",
+            operation,
+            self.timeout,
+            where=f"{self._backend}, rank {self._rank} of {self._world_size}",
+            then="raise timeout= if the work is just slow",
+            missing_ranks=ranks or None,
         )
 
     def _peer(self, rank: int, operation: str, argument: str) -> int:
@@ -535,15 +528,9 @@ class TorchCollective(Collective):
         async_op: bool = False,
     ) -> Any:
         peer = self._peer(src, "scatter", "src")
-        if self._rank == src:
-            if scatter_list is None or len(scatter_list) != self._world_size:
-                raise MisconfigurationError(
-                    f"scatter(): the source rank gives scatter_list with one tensor per rank "
-                    f"({self._world_size}), got {None if scatter_list is None else len(scatter_list)}"
-                )
-            chunks: list[torch.Tensor] | None = list(scatter_list)
-        else:
-            chunks = None
+        chunks = (
+            check_scatter_list(scatter_list, tensor, self._world_size, src=src) if self._rank == src else None
+        )
         try:
             work = dist.scatter(tensor, chunks, src=peer, group=self._group, async_op=async_op)
         except RuntimeError as exc:
@@ -574,10 +561,7 @@ class TorchCollective(Collective):
         return self._done(work, out, async_op, "reduce_scatter", finish)
 
     def all_to_all(self, tensors: Sequence[torch.Tensor], *, async_op: bool = False) -> Any:
-        if len(tensors) != self._world_size:
-            raise MisconfigurationError(
-                f"all_to_all(): give one tensor per rank ({self._world_size}), got {len(tensors)}"
-            )
+        check_one_per_rank(tensors, self._world_size, operation="all_to_all")
         if self._all_to_all_in_one:
             return self._all_to_all_in_one_buffer(tensors, async_op)
         out = [torch.empty_like(t) for t in tensors]

@@ -58,13 +58,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from phalanx_core import (
     DEFAULT_TIMEOUT,
     Collective,
-    CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
     UnavailableError,
     Work,
+    check_one_per_rank,
     check_rank,
     check_reduce_op,
+    check_scatter_list,
+    timed_out,
 )
 
 from . import _runtime
@@ -203,12 +205,12 @@ class XLACollective(Collective):
         waiter.start()
         waiter.join(self.timeout)
         if waiter.is_alive():
-            raise CollectiveTimeoutError(
-                f"{operation}() on the 'xla' collective did not complete within {self.timeout:g} s "
-                f"(replica {self.rank} of {self.world_size}); every replica must call it, in the same "
-                "order. Raise the timeout with resolve(..., timeout=SECONDS) if the work is just slow",
-                operation=operation,
-                timeout=self.timeout,
+            raise timed_out(
+                "xla",
+                operation,
+                self.timeout,
+                where=f"replica {self.rank} of {self.world_size}",
+                then="raise the timeout with resolve(..., timeout=SECONDS) if the work is just slow",
             )
         if errors:
             raise errors[0]
@@ -314,18 +316,8 @@ class XLACollective(Collective):
         n = self.world_size
         check_rank(src, n, operation="scatter", argument="src")
         if self.rank == src:
-            if scatter_list is None or len(scatter_list) != n:
-                raise MisconfigurationError(
-                    f"scatter(src={src}): the source rank gives scatter_list with one tensor per rank "
-                    f"({n} here), got {None if scatter_list is None else len(scatter_list)}"
-                )
-            bad = [i for i, t in enumerate(scatter_list) if tuple(t.shape) != tuple(tensor.shape)]
-            if bad:
-                raise MisconfigurationError(
-                    f"scatter(): scatter_list[{bad[0]}] has shape {tuple(scatter_list[bad[0]].shape)}, "
-                    f"and the tensor to fill has shape {tuple(tensor.shape)}; give tensors of that shape"
-                )
-            stacked = torch.stack([t.to(tensor.device) for t in scatter_list])
+            chunks = check_scatter_list(scatter_list, tensor, n, src=src)
+            stacked = torch.stack([t.to(tensor.device) for t in chunks])
         else:
             stacked = torch.zeros((n, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         into = self._copy_into(tensor)
@@ -368,10 +360,7 @@ class XLACollective(Collective):
         import torch_xla.core.xla_model as xm
 
         n = self.world_size
-        if len(tensors) != n:
-            raise MisconfigurationError(
-                f"all_to_all(): give one tensor per rank ({n} here), got {len(tensors)}"
-            )
+        check_one_per_rank(tensors, n, operation="all_to_all")
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) != 1:
             raise MisconfigurationError(
