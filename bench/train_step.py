@@ -5,6 +5,7 @@
     python bench/train_step.py --accelerator cuda --devices 1 --precision bf16-mixed   # on a GPU
     python bench/train_step.py --collective mpi           # DDP over MPI vs DDP over gloo
     python bench/train_step.py --collective passthrough   # the process-group adapter's own cost
+    python bench/train_step.py --strategy fsdp --collective mpi   # fully_shard over MPI vs over gloo
 
 1. **Steps per second.** In each rank (two gloo ranks on the CPU by
    default), the same MLP is trained two ways in interleaved blocks of
@@ -28,7 +29,9 @@
    float32 gradients), and the ranks are started by the collective's
    launcher (``mpirun`` for ``mpi``, ``horovod`` for ``horovod``).
    ``passthrough`` is a collective that hands every operation to the
-   torch one: the cost of the adapter itself (goal at least 0.97).
+   torch one: the cost of the adapter itself (goal at least 0.97). With
+   ``--strategy fsdp`` both sides are ``fully_shard``: over the collective,
+   and over the plain side's own gloo group.
 
 2. **Launch to the first finished step** (``ddp_spawn`` / ``spawn``
    only): ``phalanx.resolve(...).launch(fn)`` where ``fn`` sets up the model
@@ -136,10 +139,16 @@ def plain_model(
 ) -> torch.nn.Module:
     model = model.to(device)
     if strategy_name == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(model, mesh=init_device_mesh(device.type, (torch.distributed.get_world_size(),)))
+        # Over a collective, torch's default group is the collective's
+        # adapter: the plain side's mesh is its own gloo group.
+        if group is not None:
+            mesh = DeviceMesh.from_group(group, device.type)
+        else:
+            mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -274,17 +283,11 @@ def main() -> None:
     parser.add_argument("--devices", type=int, help="ranks (default: 2 on cpu, 1 on cuda)")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--launch-repeat", type=int, default=5)
-    parser.add_argument("--collective", help="ddp over this collective (mpi, horovod, passthrough, ...)")
+    parser.add_argument("--collective", help="the strategy over this collective (mpi, passthrough, ...)")
     parser.add_argument("--model", choices=sorted(MODELS), help="small, or 16mb with --collective")
     parser.add_argument("--batch", type=int, help="rows per step and rank (default 64; 8 with --collective)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.collective and args.strategy != "ddp_spawn":
-        # The plain fully_shard side would build its mesh on torch's default
-        # group, which is the collective's adapter when phalanx made it.
-        parser.error(
-            "--collective measures ddp only (DDP over the collective against DDP over gloo); drop --strategy"
-        )
     devices = args.devices or (2 if args.accelerator == "cpu" else 1)
     flags: dict[str, Any] = {"launcher": "spawn"}
     if args.collective:
@@ -315,8 +318,10 @@ def main() -> None:
         }
         print(json.dumps(report, indent=2))
         return
+    plain_name = "fully_shard" if args.strategy == "fsdp" else "DDP"
     over = (
-        f" over collective {args.collective!r}, launcher {flags['launcher']!r} (plain: DDP over gloo)"
+        f" over collective {args.collective!r}, launcher {flags['launcher']!r} "
+        f"(plain: {plain_name} over gloo)"
         if args.collective
         else ""
     )
