@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
@@ -32,7 +33,7 @@ from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
-    from .collective import Collective, Tensor, Work
+    from .collective import Collective, Tensor
     from .environment import ClusterEnvironment
     from .launcher import Launcher
     from .precision import Precision
@@ -50,6 +51,41 @@ def _run_rank(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...], k
         return fn(strategy, *args, **kwargs)
     finally:
         strategy.teardown()
+
+
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor (a Parameter, a DTensor), found without importing torch
+    (no tensor exists before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _each_tensor(data: Any, operation: str, call: Callable[[Any], Any]) -> Any:
+    """``data`` with ``call`` applied to every tensor in it (through dicts,
+    lists and tuples, in order, so that every rank calls the same operations
+    in the same order); anything else in it is an error naming where."""
+
+    def walk(value: Any, where: str) -> Any:
+        if _is_tensor(value):
+            return call(value)
+        if isinstance(value, Mapping):
+            out = {k: walk(v, f"{where}[{k!r}]") for k, v in value.items()}
+            try:
+                return type(value)(out)  # type: ignore[call-arg]  # an OrderedDict stays one
+            except TypeError:
+                return out
+        if isinstance(value, (list, tuple)):
+            items = [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            if isinstance(value, tuple) and hasattr(value, "_fields"):
+                return type(value)(*items)  # a named tuple
+            return type(value)(items)
+        raise MisconfigurationError(
+            f"strategy.{operation}() takes a tensor, or a dict, list or tuple of tensors; {where} is a "
+            f"{type(value).__name__}. Make it a tensor (torch.tensor(x)), or send any picklable object "
+            f"with strategy.{'broadcast' if operation == 'broadcast' else 'all_gather_object'}(...)"
+        )
+
+    return walk(data, "data")
 
 
 class Strategy:
@@ -444,49 +480,127 @@ class Strategy:
 
     # -- collectives, forwarded ---------------------------------------------
 
+    def _not_set_up(self, operation: str) -> None:
+        """After an operation failed: if the collective is not set up, that
+        is why; say so, instead of the backend's own words."""
+        if not self.collective.is_initialized:
+            raise MisconfigurationError(
+                f"strategy.{operation}() before the strategy was set up: its collective "
+                f"({type(self.collective).__name__}) has no group yet. Call it inside "
+                "strategy.launch(fn, ...), in fn (which gets the strategy), or after "
+                "strategy.setup_environment() in processes torchrun, srun or mpirun started"
+            ) from None
+
     def barrier(self) -> None:
         """Block until every rank arrives (:meth:`Collective.barrier`)."""
-        self.collective.barrier()
+        try:
+            self.collective.barrier()
+        except Exception:
+            self._not_set_up("barrier")
+            raise
 
-    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
-        """:meth:`Collective.broadcast`, in place."""
-        return self.collective.broadcast(tensor, src)
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank: a tensor in place
+        (:meth:`Collective.broadcast`), anything else picklable (a dict, a
+        number, a list of tensors) as :meth:`broadcast_object` sends it,
+        which returns ``src``'s object."""
+        try:
+            if _is_tensor(obj):
+                return self.collective.broadcast(obj, src)
+            return self.collective.broadcast_object(obj, src)
+        except Exception:
+            self._not_set_up("broadcast")
+            raise
 
-    def all_reduce(self, tensor: Tensor, op: str = "sum", *, async_op: bool = False) -> Tensor | Work:
-        """:meth:`Collective.all_reduce`, in place."""
-        return self.collective.all_reduce(tensor, op, async_op=async_op)
+    def all_reduce(self, data: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        """:meth:`Collective.all_reduce`, in place: a tensor, or a dict, list
+        or tuple of them (nested as you like; each tensor is reduced, the
+        same structure is returned). ``async_op`` takes a tensor only."""
+        try:
+            if _is_tensor(data):
+                return self.collective.all_reduce(data, op, async_op=async_op)
+            if async_op:
+                raise MisconfigurationError(
+                    f"all_reduce(async_op=True) takes one tensor, got a {type(data).__name__}; reduce "
+                    "each tensor with its own handle, or drop async_op"
+                )
+            return _each_tensor(data, "all_reduce", lambda t: self.collective.all_reduce(t, op))
+        except MisconfigurationError:
+            raise
+        except Exception:
+            self._not_set_up("all_reduce")
+            raise
 
     def reduce(self, tensor: Tensor, dst: int = 0, op: str = "sum") -> Tensor:
         """:meth:`Collective.reduce`."""
-        return self.collective.reduce(tensor, dst, op)
+        try:
+            return self.collective.reduce(tensor, dst, op)
+        except Exception:
+            self._not_set_up("reduce")
+            raise
 
-    def all_gather(self, tensor: Tensor) -> list[Tensor]:
-        """:meth:`Collective.all_gather`."""
-        return cast(list[Any], self.collective.all_gather(tensor))
+    def all_gather(self, data: Any) -> Any:
+        """:meth:`Collective.all_gather`: for a tensor, the list of every
+        rank's, indexed by rank; for a dict, list or tuple of tensors
+        (nested as you like), the same structure with such a list in the
+        place of each tensor."""
+        try:
+            if _is_tensor(data):
+                return self.collective.all_gather(data)
+            return _each_tensor(data, "all_gather", self.collective.all_gather)
+        except MisconfigurationError:
+            raise
+        except Exception:
+            self._not_set_up("all_gather")
+            raise
 
     def gather(self, tensor: Tensor, dst: int = 0) -> list[Tensor]:
         """:meth:`Collective.gather`."""
-        return cast(list[Any], self.collective.gather(tensor, dst))
+        try:
+            return cast(list[Any], self.collective.gather(tensor, dst))
+        except Exception:
+            self._not_set_up("gather")
+            raise
 
     def scatter(self, tensor: Tensor, scatter_list: Sequence[Tensor] | None = None, src: int = 0) -> Tensor:
         """:meth:`Collective.scatter`."""
-        return self.collective.scatter(tensor, scatter_list, src)
+        try:
+            return self.collective.scatter(tensor, scatter_list, src)
+        except Exception:
+            self._not_set_up("scatter")
+            raise
 
     def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """:meth:`Collective.reduce_scatter`."""
-        return self.collective.reduce_scatter(tensor, op)
+        try:
+            return self.collective.reduce_scatter(tensor, op)
+        except Exception:
+            self._not_set_up("reduce_scatter")
+            raise
 
     def all_to_all(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         """:meth:`Collective.all_to_all`."""
-        return cast(list[Any], self.collective.all_to_all(tensors))
+        try:
+            return cast(list[Any], self.collective.all_to_all(tensors))
+        except Exception:
+            self._not_set_up("all_to_all")
+            raise
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """:meth:`Collective.broadcast_object`."""
-        return self.collective.broadcast_object(obj, src)
+        try:
+            return self.collective.broadcast_object(obj, src)
+        except Exception:
+            self._not_set_up("broadcast_object")
+            raise
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """:meth:`Collective.all_gather_object`."""
-        return self.collective.all_gather_object(obj)
+        try:
+            return self.collective.all_gather_object(obj)
+        except Exception:
+            self._not_set_up("all_gather_object")
+            raise
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
