@@ -47,3 +47,10 @@ def test_a_strategy_says_where_its_traffic_goes_per_collective():
     assert StrategySpec(name="s", target="a:B").traffic_through("mine") is None
     with pytest.raises(ValueError, match="traffic must map collective names"):
         StrategySpec(name="s", target="a:B", traffic={"mine": 3})  # type: ignore[dict-item]
+
+
+def test_a_strategy_names_its_variants_in_other_libraries():
+    spec = StrategySpec(name="s", target="a:B", variants={"s_fast": {"fast": True}})
+    assert dict(spec.variants["s_fast"]) == {"fast": True}
+    with pytest.raises(ValueError, match="variants must map names to the resolve"):
+        StrategySpec(name="s", target="a:B", variants={"s_fast": True})  # type: ignore[dict-item]

@@ -184,6 +184,11 @@ class StrategySpec(Spec):
             collective's name (``{"torch": "its own c10d group", "*": "the
             {collective!r} collective, as a ProcessGroup"}``). Empty: the
             strategy does not say.
+        variants: names other libraries give this strategy with options
+            (Fabric's ``"ddp_find_unused_parameters_true"``), mapped to the
+            keywords of :func:`phalanx.resolve` they stand for
+            (``{"find_unused_parameters": True}``). They do not resolve:
+            asking for one is an error that names the call to make instead.
     """
 
     kind: ClassVar[Kind] = Kind.STRATEGY
@@ -193,9 +198,18 @@ class StrategySpec(Spec):
     accelerators: tuple[str, ...] = ()
     parallel: bool = False
     traffic: Mapping[str, str] = field(default_factory=dict)
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.variants, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, Mapping) for k, v in self.variants.items()
+        ):
+            raise ValueError(
+                f"StrategySpec {self.name!r}: variants must map names to the resolve() keywords they "
+                f"stand for, got {self.variants!r}"
+            )
+        object.__setattr__(self, "variants", _freeze({k: _freeze(v) for k, v in self.variants.items()}))
         object.__setattr__(self, "accelerators", tuple(self.accelerators))
         if not isinstance(self.traffic, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.traffic.items()

@@ -300,9 +300,22 @@ class Registry:
 
     def _unknown_message(self, kind: Kind, name: str) -> str:
         names = self.names(kind)
-        close = difflib.get_close_matches(name, names, n=3)
+        for entry in self._all[kind] if kind is Kind.STRATEGY else ():
+            variants = {k.lower(): v for k, v in getattr(entry.spec, "variants", {}).items()}
+            options = variants.get(name.lower())
+            if options is not None:
+                keywords = ", ".join(f"{k}={v!r}" for k, v in options.items())
+                return (
+                    f"{kind} {name!r} is another library's name (Fabric's) for strategy {entry.name!r} with "
+                    f"{keywords}; phalanx names the strategy and its options apart: "
+                    f"resolve({entry.name!r}, {keywords})"
+                )
+        same_letters = [n for n in names if n.lower() == name.lower()]
+        close = same_letters or difflib.get_close_matches(name.lower(), names, n=3)
         parts = [f"unknown {kind} {name!r}."]
-        if close:
+        if same_letters:
+            parts.append(f"Did you mean {same_letters[0]!r}? Names are case-sensitive.")
+        elif close:
             parts.append(f"Did you mean {' or '.join(map(repr, close))}?")
         parts.append(f"The {kind} names that exist: {', '.join(names) or '(none)'}.")
         if self.failures:

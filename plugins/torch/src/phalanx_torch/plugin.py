@@ -162,6 +162,18 @@ def phalanx_precisions() -> list[PrecisionSpec]:
     ]
 
 
+def _fabric_variants(name: str) -> dict[str, dict[str, object]]:
+    """Fabric's names for this strategy with an option, and the option."""
+    if name == "fsdp":
+        return {"fsdp_cpu_offload": {"cpu_offload": True}}
+    if name.startswith("ddp"):
+        return {
+            f"{name}_find_unused_parameters_{flag}": {"find_unused_parameters": flag == "true"}
+            for flag in ("true", "false")
+        }
+    return {}
+
+
 @hookimpl
 def phalanx_strategies() -> list[StrategySpec]:
     strategies = f"{_PKG}.strategies"
@@ -221,6 +233,7 @@ def phalanx_strategies() -> list[StrategySpec]:
                 needs=_NEEDS,
                 install=_INSTALL,
                 traffic={"torch": traffic[cls] + own, "*": traffic[cls] + other},
+                variants=_fabric_variants(name),
             )
             for name, cls, launcher, priority, summary in parallel
         ),
