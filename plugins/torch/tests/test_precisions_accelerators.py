@@ -112,6 +112,16 @@ def test_accelerators_say_why_they_are_unavailable():
         assert "skipped cuda:" in plan.accelerator.reason
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "fsdp", "manual"])
+def test_parallel_strategies_on_mps_are_refused_saying_no_backend_moves_mps_tensors(monkeypatch, strategy):
+    # As Fabric's tests fake a Mac: MPS there, one device.
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: True)
+    with pytest.raises(MisconfigurationError, match=r"gloo moves cpu and cuda tensors only; no backend"):
+        phalanx.resolve(strategy, accelerator="mps", devices=1)
+    assert phalanx.resolve("single_device", accelerator="mps").root_device.type == "mps"
+
+
 # Every strategy in every precision on a GPU, 16-mixed's scaler in its
 # checkpoints included: tests/test_cuda.py (programs of their own, so that
 # CUDA is never initialised in pytest's process, which forks).

@@ -312,6 +312,23 @@ class TorchCollective(Collective):
                 f"{accelerator.name!r}), or accelerator={device!r}"
             )
         self._check_backend(backend)
+        # What torch says each backend moves ({'gloo': ['cpu', 'cuda'], ...});
+        # a backend a plugin registered without saying is taken at its word.
+        capability = getattr(dist.Backend, "backend_capability", {})
+        moves = capability.get(backend)
+        if moves and accelerator.name not in moves:
+            others = [b for b, m in capability.items() if accelerator.name in m and b != "fake"]
+            cure = (
+                f"use backend={others[0]!r}, which does"
+                if others
+                else "no backend of this torch does, so a parallel strategy cannot run on "
+                f"{accelerator.name!r}: train on accelerator='cpu' (or 'cuda'), or use strategy "
+                "'single_device' for one device"
+            )
+            raise MisconfigurationError(
+                f"collective 'torch' with backend={backend!r} and accelerator {accelerator.name!r}: "
+                f"torch.distributed's {backend} moves {' and '.join(moves)} tensors only; {cure}"
+            )
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         if self._initialized:
