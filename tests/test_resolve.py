@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -249,3 +250,32 @@ def test_a_launcher_that_would_start_more_processes_is_refused(registry, elastic
         MisconfigurationError, match=r"launcher='spawn' creates processes, but environment 'torchelastic'"
     ):
         registry.plan("ddp", accelerator="cpu", devices=2, launcher="spawn")
+
+
+def test_flags_beside_a_ready_strategy_are_applied_or_refused_never_dropped():
+    ready = phalanx.resolve("ddp", accelerator="cpu", devices=2)
+    assert phalanx.resolve(ready, devices=2, num_nodes=1) is ready  # what it was built with
+    assert phalanx.resolve(ready, devices="auto") is ready
+    for flags, words in (
+        ({"num_nodes": 2}, "built for devices=2, num_nodes=1, and you also passed num_nodes=2"),
+        ({"devices": 3}, "you also passed devices=3"),
+        ({"precision": "32-true"}, "you also passed precision"),
+    ):
+        with pytest.raises(MisconfigurationError, match=re.escape(words)):
+            phalanx.resolve(ready, **flags)
+
+
+def test_an_explicit_precision_is_explicit_even_the_default():
+    from phalanx_torch.precisions import MixedPrecision
+
+    with pytest.raises(MisconfigurationError, match=r"the precision is given twice: precision='32-true'"):
+        phalanx.resolve("single_device", accelerator="cpu", precision="32-true", plugins=[MixedPrecision()])
+    strategy = phalanx.resolve("single_device", accelerator="cpu", plugins=[MixedPrecision()])
+    assert strategy.precision.accelerator is strategy.accelerator  # bound to the strategy's
+
+
+def test_a_ready_precision_is_checked_against_the_accelerator():
+    from phalanx_torch.precisions import MixedPrecision16
+
+    with pytest.raises(MisconfigurationError, match=r"'16-mixed' on accelerator 'cpu'.*bf16-mixed"):
+        phalanx.resolve("ddp", accelerator="cpu", devices=2, plugins=[MixedPrecision16()])

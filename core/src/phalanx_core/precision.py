@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .errors import MisconfigurationError
+
 if TYPE_CHECKING:
     from .accelerator import Accelerator
 
@@ -33,6 +35,33 @@ class Precision:
 
     def __init__(self, *, accelerator: Accelerator | None = None) -> None:
         self.accelerator = accelerator
+        if accelerator is not None:
+            self.validate()
+
+    def validate(self) -> None:
+        """Check that :attr:`accelerator` supports this precision; raise
+        :class:`~phalanx_core.MisconfigurationError` saying what to use
+        instead. Called by the constructor when it is given an accelerator,
+        and by :meth:`check_accelerator` when a ready instance made without
+        one is bound to its strategy's. The base accepts every accelerator."""
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        """Called by the strategy's constructor with its accelerator: a
+        precision made for another accelerator is refused (a CPU autocast on
+        a CUDA strategy would leave the GPU's forward in float32); one made
+        without (``resolve(plugins=[MixedPrecision()])``) is bound to it and
+        checked (:meth:`validate`), as the registry's would have been."""
+        mine = self.accelerator
+        if mine is None:
+            self.accelerator = accelerator
+            self.validate()
+            return
+        if mine is not accelerator and getattr(mine, "name", None) != getattr(accelerator, "name", None):
+            raise MisconfigurationError(
+                f"precision {self.name!r} was made for accelerator {getattr(mine, 'name', mine)!r}, and "
+                f"the strategy runs on {getattr(accelerator, 'name', accelerator)!r}; make it without "
+                "accelerator= (the strategy then gives it its own), or give the precision by name"
+            )
 
     def convert_module(self, module: Any) -> Any:
         """Return ``module`` converted for this precision (``module.half()``

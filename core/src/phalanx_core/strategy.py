@@ -161,6 +161,7 @@ class Strategy:
         self.parallel_devices = list(parallel_devices)
         self.num_nodes = num_nodes
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        precision.check_accelerator(accelerator)
         collective.check_accelerator(accelerator)
         collective.check_launcher(launcher, environment)
         self._check_traffic(collective)

@@ -337,8 +337,8 @@ class Registry:
         *,
         accelerator: Any = "auto",
         devices: DevicesFlag = "auto",
-        num_nodes: int = 1,
-        precision: Any = "32-true",
+        num_nodes: int | None = None,
+        precision: Any = None,
         collective: Any = None,
         launcher: Any = None,
         environment: Any = None,
@@ -350,7 +350,10 @@ class Registry:
         Each flag is a name (bare, alias or ``"distribution:name"``), a
         ready instance, or ``"auto"`` / ``None`` for the default: the
         strategy spec's default part, the available accelerator of highest
-        priority, the detected environment. ``plugins`` is a list of ready
+        priority, the detected environment, ``precision="32-true"``,
+        ``num_nodes=1``. A value given is a value given, even the default's
+        (``precision="32-true"`` and a precision in ``plugins`` is the
+        precision given twice). ``plugins`` is a list of ready
         parts, each given to its kind (Lightning's habit): the same kind
         twice, or both there and as a flag, is an error. ``options`` go to
         the one part whose constructor takes each. Raises :class:`MisconfigurationError`,

@@ -131,16 +131,36 @@ def _check_flags(flags: Mapping[str, Any]) -> None:
     if isinstance(devices, Sequence) and not isinstance(devices, str) and any(d < 0 for d in devices):
         raise MisconfigurationError(f"devices={list(devices)!r}: device indices start at 0")
     nodes = flags["num_nodes"]
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+    if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
         raise MisconfigurationError(f"num_nodes={nodes!r}: expected an int of at least 1")
     if isinstance(flags["strategy"], Strategy):
-        given = [str(k) for k in _PARTS if flags[str(k)] not in (None, "auto", "32-true")]
-        if given or flags["options"]:
-            raise MisconfigurationError(
-                f"strategy is a ready {type(flags['strategy']).__name__} instance, so it already has "
-                f"its parts; you also passed {', '.join(given + list(flags['options']))}. Give "
-                "the strategy by name to choose its parts with flags, or set them on the instance"
-            )
+        _check_beside_instance(flags)
+
+
+def _check_beside_instance(flags: Mapping[str, Any]) -> None:
+    """Beside a ready strategy, a part or option given is refused (it has
+    its parts), and ``devices`` / ``num_nodes`` must be what it was built
+    with: none is dropped without a word."""
+    ready = flags["strategy"]
+    given = [str(k) for k in _PARTS if flags[str(k)] not in (None, "auto")]
+    if given or flags["options"]:
+        raise MisconfigurationError(
+            f"strategy is a ready {type(ready).__name__} instance, so it already has "
+            f"its parts; you also passed {', '.join(given + list(flags['options']))}. Give "
+            "the strategy by name to choose its parts with flags, or set them on the instance"
+        )
+    has = {"devices": len(getattr(ready, "parallel_devices", ()) or ()), "num_nodes": ready.num_nodes}
+    devices = flags["devices"]
+    count = _device_count(devices) if devices not in ("auto", -1, "-1") else None
+    asked = {"devices": count, "num_nodes": flags["num_nodes"]}
+    differ = [k for k in ("devices", "num_nodes") if asked[k] is not None and asked[k] != has[k]]
+    if differ:
+        raise MisconfigurationError(
+            f"strategy is a ready {type(ready).__name__} instance built for devices={has['devices']}, "
+            f"num_nodes={has['num_nodes']}, and you also passed "
+            f"{', '.join(f'{k}={flags[k]!r}' for k in differ)}; it cannot change now. Give the strategy "
+            "by name with those flags, or drop them"
+        )
 
 
 def _with_plugins(flags: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +201,7 @@ def _with_plugins(flags: dict[str, Any]) -> dict[str, Any]:
             given = merged["options"].get("checkpoint_io")
         else:
             given = merged[flag]
-            if (flag, given) in (("accelerator", "auto"), ("precision", "32-true")):
+            if (flag, given) == ("accelerator", "auto"):
                 given = None
         if given is not None:
             raise MisconfigurationError(
@@ -393,6 +413,9 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     """Check the flags, then choose every part; import only what choosing
     needs (accelerator availability for ``"auto"``, environment detection)."""
     flags = _with_run_flags(registry, _with_plugins(flags))
+    for name in ("precision", "num_nodes"):
+        if flags[name] is None and not isinstance(flags["strategy"], Strategy):
+            flags[name] = _DEFAULTS[name]
     _check_flags(flags)
     strategy_flag = flags["strategy"]
     if isinstance(strategy_flag, Strategy):
@@ -406,7 +429,7 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
             None,
             None,
             flags["devices"],
-            flags["num_nodes"],
+            strategy_flag.num_nodes,
         )
     count = _device_count(flags["devices"])
     accelerator_flag = flags["accelerator"]

@@ -55,8 +55,7 @@ class DoublePrecision(Precision):
 
     name: ClassVar[str] = "64-true"
 
-    def __init__(self, *, accelerator: Any = None) -> None:
-        super().__init__(accelerator=accelerator)
+    def validate(self) -> None:
         if _device_type(self) == "mps":
             raise MisconfigurationError(
                 "precision '64-true' on accelerator 'mps': MPS has no float64; use '32-true'"
@@ -79,8 +78,7 @@ class HalfPrecision(Precision):
     name: ClassVar[str] = "bf16-true"
     dtype: ClassVar[torch.dtype] = torch.bfloat16
 
-    def __init__(self, *, accelerator: Any = None) -> None:
-        super().__init__(accelerator=accelerator)
+    def validate(self) -> None:
         _check_bf16(self)
 
     def convert_module(self, module: Any) -> Any:
@@ -113,15 +111,16 @@ class MixedPrecision(Precision):
     dtype: ClassVar[torch.dtype] = torch.bfloat16
 
     def __init__(self, *, accelerator: Any = None) -> None:
+        self._scaler: torch.amp.GradScaler | None = None
         super().__init__(accelerator=accelerator)
-        device = _device_type(self)
-        if self.dtype is torch.float16 and device == "cpu":
+
+    def validate(self) -> None:
+        if self.dtype is torch.float16 and _device_type(self) == "cpu":
             raise MisconfigurationError(
                 "precision '16-mixed' on accelerator 'cpu': float16 autocast with a grad scaler "
                 "needs a GPU; use precision='bf16-mixed' on the CPU"
             )
         _check_bf16(self)
-        self._scaler: torch.amp.GradScaler | None = None
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
