@@ -91,10 +91,12 @@ def test_explain_prints_the_plan():
         ),
     ],
 )
-def test_explain_says_where_the_job_listens(argv, listens):
+def test_explain_says_where_the_job_listens(argv, listens, monkeypatch):
+    monkeypatch.setenv("NODE_RANK", "0")  # what a node of a two-node job has
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     code, out = run("explain", "--accelerator", "cpu", *argv)
     assert code == 0
-    assert out.splitlines()[-1].startswith(f"listens on   {listens}")
+    assert out.splitlines()[-2].startswith(f"listens on   {listens}")
     code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
     assert json.loads(out)["listens"].startswith(listens)
 
@@ -127,7 +129,10 @@ def test_explain_says_which_part_carries_the_training_traffic(phalanx_distributi
                 "from phalanx_core import CollectiveSpec, hookimpl\n"
                 "@hookimpl\n"
                 "def phalanx_collectives():\n"
-                "    return [CollectiveSpec(name='thirdparty', target='phalanx_thirdparty.impl:C')]\n"
+                "    return [CollectiveSpec(name='thirdparty', target='phalanx_thirdparty:C')]\n"
+                "from phalanx_torch.collectives import TorchCollective\n"
+                "class C(TorchCollective):\n"
+                "    name = 'thirdparty'\n"
             )
         },
     )
@@ -141,6 +146,36 @@ def test_explain_says_which_part_carries_the_training_traffic(phalanx_distributi
     code, out = run("explain", "--json", "--accelerator", "cpu", "--devices", "2", *argv)
     got = json.loads(out)["traffic"]
     assert got is None if traffic is None else got.startswith(traffic)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--precision", "16-mixed", "--accelerator", "cpu"], "'16-mixed' on accelerator 'cpu'"),
+        (["--devices", "0,1", "--accelerator", "cpu"], "device indices mean nothing there"),
+        (
+            ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--collective", "single_device"],
+            "the 'single_device' collective is a world of one, but the job has 2 processes",
+        ),
+    ],
+)
+def test_explain_refuses_what_resolve_refuses(capsys, argv, message):
+    assert main(["explain", *argv], io.StringIO()) != 0
+    assert message in capsys.readouterr().err
+    # --plan-only chooses the parts without building them, and says so
+    code, out = run("explain", "--plan-only", *argv)
+    if code == 0:
+        assert out.splitlines()[-1].startswith("checked      the choice of parts only (--plan-only)")
+
+
+def test_explain_says_what_it_checked():
+    code, out = run("explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2")
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        "checked      everything resolve() checks; not the rendezvous, which needs the processes launch starts"
+    )
+    code, out = run("explain", "--json", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2")
+    assert json.loads(out)["built"] is True
 
 
 @pytest.mark.parametrize(

@@ -39,10 +39,19 @@ print(json.dumps({{{{m: m in sys.modules for m in {BACKENDS!r}}}}}))
         "import io; from phalanx.cli import main; assert main(['list', '--json'], io.StringIO()) == 0",
         (
             "import io; from phalanx.cli import main; "
-            "assert main(['explain', '--strategy', 'single_device', '--accelerator', 'cpu'], io.StringIO()) == 0"
+            "assert main(['explain', '--plan-only', '--strategy', 'single_device', '--accelerator', 'cpu'], "
+            "io.StringIO()) == 0"
         ),
     ],
-    ids=["core", "registry", "build-registry", "torch-entry-module", "list", "list-json", "explain-named"],
+    ids=[
+        "core",
+        "registry",
+        "build-registry",
+        "torch-entry-module",
+        "list",
+        "list-json",
+        "explain-plan-only",
+    ],
 )
 def test_imports_no_backend(body):
     imported = run_python(CHECK.format(body=body))

@@ -1,8 +1,10 @@
 """The ``phalanx`` command line: ``list``, ``explain`` and ``run``.
 
-Imports no torch: ``list`` reads specs only (``--probe`` imports the
-accelerators to ask the hardware), ``explain`` imports what choosing needs;
-``run`` builds the strategy, which imports its backends.
+``list`` imports no torch: it reads specs only (``--probe`` imports the
+accelerators to ask the hardware). ``explain`` builds the plan's parts, as
+``resolve`` does, so that it refuses what ``resolve`` refuses (which imports
+their backends; ``--plan-only`` imports what choosing needs, and checks
+less). ``run`` builds the strategy.
 """
 
 from __future__ import annotations
@@ -123,14 +125,30 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         launcher=args.launcher,
         environment=args.environment,
     )
+    if not args.plan_only:
+        # Every check resolve() runs: the parts' constructors (the backend
+        # there, the accelerator's devices, the precision and the collective
+        # against the accelerator, the collective against the launcher).
+        registry.build(plan)
     listens = _listens(registry, plan)
     if args.json:
-        json.dump({**plan.to_dict(), "listens": listens}, out, indent=2)
+        json.dump({**plan.to_dict(), "listens": listens, "built": not args.plan_only}, out, indent=2)
         print(file=out)
     else:
         print(plan.explain(), file=out)
         if listens:
             print(f"listens on   {listens}", file=out)
+        print(
+            "checked      "
+            + (
+                "the choice of parts only (--plan-only): the parts were not built, so what their "
+                "constructors refuse is not known yet"
+                if args.plan_only
+                else "everything resolve() checks; not the rendezvous, which needs the processes "
+                "launch starts"
+            ),
+            file=out,
+        )
     return 0
 
 
@@ -253,6 +271,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher")
     p.add_argument("--environment")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="choose the parts without building them (imports no backend; checks less than resolve)",
+    )
     p.set_defaults(run=_explain)
     p = sub.add_parser(
         "run",

@@ -53,6 +53,17 @@ class SingleDeviceCollective(Collective):
         super().__init__(timeout=timeout)
         self._initialized = False
 
+    def check_launcher(self, launcher: Any, environment: ClusterEnvironment) -> None:
+        """A world of one: refused, when resolving, for a job of several
+        processes (it would fail in each rank after they started)."""
+        size = int(getattr(launcher, "num_processes", 1)) * int(getattr(launcher, "num_nodes", 1))
+        if size > 1:
+            raise MisconfigurationError(
+                f"the 'single_device' collective is a world of one, but the job has {size} processes "
+                f"({launcher.num_processes} per node on {launcher.num_nodes} node(s)); use a collective "
+                "for several processes (collective='torch', the default of the parallel strategies)"
+            )
+
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         if environment.world_size != 1:
             raise MisconfigurationError(
