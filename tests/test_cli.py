@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import phalanx
 from phalanx.cli import main
 
 
@@ -47,7 +48,31 @@ def test_list_shows_unavailable_parts_with_the_install_line(phalanx_distribution
         },
     )
     code, out = run("list", "--kind", "collective")
-    assert "no (needs fake_backend_lib: pip install 'phalanx-fake-backend[fake]')" in out
+    row = next(line for line in out.splitlines() if line.split()[:2] == ["collective", "fakecoll"])
+    assert "no: needs fake_backend_lib" in row and "pip install" not in row  # the column stays short
+    assert (
+        "  fakecoll (phalanx-fake-backend): needs fake_backend_lib: pip install 'phalanx-fake-backend[fake]'"
+        in out.splitlines()
+    )
+
+
+def test_list_says_accelerators_are_installed_not_probed_and_stays_narrow():
+    code, out = run("list")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("accelerator  ")]
+    assert all(" installed " in row or " no: needs " in row for row in rows), rows
+    assert "`phalanx list --probe` asks the hardware" in out
+    # up to the summary, every row of the parts table fits in 100 columns
+    for line in out.splitlines()[: out.splitlines().index("")]:
+        assert len(line.rsplit("  ", 1)[0].rstrip()) <= 100, line
+
+
+def test_a_plugin_filter_that_matches_no_plugin_says_so(monkeypatch):
+    monkeypatch.setenv("PHALANX_PLUGINS", "troch")
+    code, out = run("list")
+    assert "PHALANX_PLUGINS names 'troch', which is no installed plugin (did you mean 'torch'?)" in out
+    with pytest.raises(phalanx.UnknownNameError, match=r"PHALANX_PLUGINS names 'troch'"):
+        phalanx.Registry().get("strategy", "ddp")
 
 
 def test_list_shows_failed_plugins(phalanx_distribution):

@@ -18,7 +18,16 @@ from phalanx_core.errors import MisconfigurationError, PluginError, UnavailableE
 from phalanx_core.hookspecs import HOOKS, PROJECT
 from phalanx_core.specs import SPEC_TYPES, Kind, Spec
 
-from ._discovery import DEBUG_VAR, PluginRecord, Provider, normalize, plugin_filters, select_entry_points
+from ._discovery import (
+    ALLOW_VAR,
+    DEBUG_VAR,
+    DENY_VAR,
+    PluginRecord,
+    Provider,
+    normalize,
+    plugin_filters,
+    select_entry_points,
+)
 from ._plan import Plan
 from ._resolve import build as _build
 from ._resolve import plan as _plan
@@ -120,6 +129,9 @@ class Registry:
         self._aliases: dict[Kind, dict[str, list[Entry]]] = {kind: {} for kind in Kind}
         #: Every plugin seen, loaded or not, in load order.
         self.plugins: list[PluginRecord] = []
+        #: Names in PHALANX_PLUGINS / PHALANX_DISABLE_PLUGINS that match no
+        #: installed plugin, each said in a sentence.
+        self.filter_problems: list[str] = []
         if autoload:
             self._autoload()
         for plugin in plugins:
@@ -129,7 +141,9 @@ class Registry:
 
     def _autoload(self) -> None:
         allow, deny = plugin_filters()
+        seen: set[str] = set()
         for ep, provider, why in select_entry_points(allow, deny):
+            seen |= {normalize(ep.name)} | ({provider.distribution} if provider.distribution else set())
             record = PluginRecord(provider, ep.value)
             self.plugins.append(record)
             if why is not None:
@@ -145,6 +159,15 @@ class Registry:
                 record.fail(f"importing {ep.value!r} raised {type(exc).__name__}: {exc}", exc)
                 continue
             self._add(module, record)
+        installed = ", ".join(str(p.provider) for p in self.plugins) or "none"
+        for var, names in ((ALLOW_VAR, allow or set()), (DENY_VAR, deny)):
+            for name in sorted(names - seen):
+                close = difflib.get_close_matches(name, sorted(seen), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                self.filter_problems.append(
+                    f"{var} names {name!r}, which is no installed plugin{hint}; the installed plugins: "
+                    f"{installed}"
+                )
 
     def register_plugin(self, plugin: Any, name: str | None = None) -> PluginRecord:
         """Register a plugin object (a module or any object with hook
@@ -321,6 +344,7 @@ class Registry:
         if self.failures:
             broken = "; ".join(f"{p.provider}: {p.error}" for p in self.failures)
             parts.append(f"Plugins that failed to load (the name may be in one): {broken}.")
+        parts.extend(f"{problem}." for problem in self.filter_problems)
         disabled = [p for p in self.plugins if p.status == "disabled"]
         if disabled:
             parts.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -44,12 +45,27 @@ def _availability(entry: Entry, probe: bool) -> tuple[bool, str]:
 
 
 def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    """Aligned columns; on a terminal, the last column is cut to its width."""
     if not rows:
         return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    room = shutil.get_terminal_size((0, 0)).columns if out.isatty() else 0
     for row in rows:
         cells = [f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:-1])]
-        print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+        line = "  ".join([*cells, row[-1]]).rstrip()
+        if room and len(line) > room:
+            line = line[: max(room - 1, sum(widths))] + "…"
+        print(line, file=out)
+
+
+def _available_cell(entry: Entry, ok: bool, why: str, probe: bool) -> str:
+    """The AVAILABLE column, short: what is missing goes below the table."""
+    if not ok:
+        missing = entry.missing()
+        return f"no: needs {', '.join(missing)}" if missing else "no (see below)"
+    if entry.kind is Kind.ACCELERATOR and not probe:
+        return "installed"  # its packages are here; --probe asks the hardware
+    return "yes"
 
 
 def _list(args: argparse.Namespace, out: TextIO) -> int:
@@ -87,8 +103,24 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
     rows: list[tuple[str, ...]] = [("KIND", "NAME", "FROM", "AVAILABLE", "SUMMARY")]
     for e, ok, why in parts:
         source = f"{e.provider.distribution} {e.provider.version}" if e.provider.distribution else "run time"
-        rows.append((str(e.kind), e.name, source, "yes" if ok else f"no ({why})", e.spec.summary))
+        rows.append((str(e.kind), e.name, source, _available_cell(e, ok, why, args.probe), e.spec.summary))
     _table(rows, out)
+    unavailable: dict[tuple[str, str], set[str]] = {}
+    for e, ok, why in parts:
+        if not ok:
+            unavailable.setdefault((e.provider.distribution or "run time", why), set()).add(e.name)
+    if unavailable:
+        print("\nnot available here:", file=out)
+        for (source, why), names in sorted(unavailable.items()):
+            print(f"  {', '.join(sorted(names))} ({source}): {why}", file=out)
+    if not args.probe and any(e.kind is Kind.ACCELERATOR and ok for e, ok, _ in parts):
+        print(
+            "\naccelerators marked 'installed': their packages are here; `phalanx list --probe` asks "
+            "the hardware whether they can be used",
+            file=out,
+        )
+    for problem in registry.filter_problems:
+        print(f"\n{problem}", file=out)
     print(file=out)
     rows = [("PLUGIN", "DISTRIBUTION", "STATUS", "HOOKS")]
     for p in registry.plugins:
