@@ -5,6 +5,7 @@ raise a PhalanxError subclass, never anything else."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -76,6 +77,12 @@ TABLE = [
     ),
     ("fabric-variant-fsdp", {"strategy": "fsdp_cpu_offload"}, N, ["resolve('fsdp', cpu_offload=True)"]),
     ("unknown-accelerator", {"accelerator": "quantum"}, N, ["unknown accelerator 'quantum'", "cpu, cuda"]),
+    (
+        "slurm-outside-slurm",
+        {"strategy": "ddp", "devices": 2, "environment": "slurm"},
+        M,
+        ["environment 'slurm' was asked for, but this process is not in a Slurm job", "drop environment="],
+    ),
     ("unknown-precision", {"precision": "bf17-mixed"}, N, ["unknown precision", "bf16-mixed"]),
     ("unknown-collective", {"collective": "nccl2"}, N, ["unknown collective 'nccl2'", "torch"]),
     ("unknown-launcher", {"launcher": "rocket"}, N, ["unknown launcher 'rocket'", "spawn"]),
@@ -393,3 +400,12 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     # the guard message is; not that it left no traceback.
     assert "It failed before it could run fn" in done.stderr
     assert "left no Python traceback" not in done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch_xla is installed here")
+def test_a_missing_backend_names_what_to_install_not_phalanx_torch():
+    with pytest.raises(UnavailableError) as info:
+        phalanx.resolve("xla")
+    message = str(info.value)
+    assert "torch_xla not installed" in message and "phalanx-xla[xla]" in message, message
+    assert "pip install phalanx-torch" not in message

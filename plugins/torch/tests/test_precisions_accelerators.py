@@ -122,6 +122,13 @@ def test_parallel_strategies_on_mps_are_refused_saying_no_backend_moves_mps_tens
     assert phalanx.resolve("single_device", accelerator="mps").root_device.type == "mps"
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build: 'gpu' is CUDA here")
+def test_gpu_on_a_mac_names_mps(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with pytest.raises(UnavailableError, match=r"this machine's GPU is Apple's: use accelerator='mps'"):
+        phalanx.resolve("single_device", accelerator="gpu")
+
+
 # Every strategy in every precision on a GPU, 16-mixed's scaler in its
 # checkpoints included: tests/test_cuda.py (programs of their own, so that
 # CUDA is never initialised in pytest's process, which forks).

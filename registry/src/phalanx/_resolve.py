@@ -297,7 +297,8 @@ def _pick_accelerator(registry: Registry, allowed: Sequence[str]) -> Choice:
     for entry in candidates:
         missing = entry.missing()
         if missing:
-            skipped.append(f"{entry.name}: {', '.join(missing)} not installed")
+            todo = entry.spec.install or f"pip install {' '.join(missing)}"
+            skipped.append(f"{entry.name}: {', '.join(missing)} not installed ({todo})")
             continue
         availability = entry.load().availability()
         if availability:
@@ -307,8 +308,11 @@ def _pick_accelerator(registry: Registry, allowed: Sequence[str]) -> Choice:
     raise UnavailableError(
         "accelerator='auto' found no available accelerator"
         + (f" among {', '.join(allowed)}" if allowed else "")
-        + f": {'; '.join(skipped) or 'none is installed'}. Install a plugin that gives one "
-        "(pip install phalanx-torch) or name one"
+        + (
+            f": {'; '.join(skipped)}. Install what it needs, or name another accelerator"
+            if skipped
+            else ": none is installed. Install a plugin that gives one (pip install phalanx-torch)"
+        )
     )
 
 

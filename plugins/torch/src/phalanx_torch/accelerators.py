@@ -61,6 +61,13 @@ class CUDAAccelerator(Accelerator):
     @classmethod
     def availability(cls) -> Availability:
         if torch.version.cuda is None:
+            if torch.backends.mps.is_available():
+                return Availability(
+                    False,
+                    f"this torch build ({torch.__version__}) has no CUDA support, and this machine's GPU "
+                    "is Apple's: use accelerator='mps' ('gpu' is another name for 'cuda' here; phalanx "
+                    "does not turn it into 'mps' for you)",
+                )
             return Availability(
                 False,
                 f"this torch build ({torch.__version__}) has no CUDA support; install a CUDA build of "

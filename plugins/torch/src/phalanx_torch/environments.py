@@ -249,6 +249,12 @@ class SLURMEnvironment(ClusterEnvironment):
             f"or pass environment='local' to have phalanx start the {num_devices} process(es) on this "
             "node itself"
         )
+        if _var("SLURM_JOB_ID", "SLURM_JOBID") is None:
+            raise MisconfigurationError(
+                "environment 'slurm' was asked for, but this process is not in a Slurm job (SLURM_JOB_ID "
+                f"is not set); start it with `{run}` inside an allocation (sbatch, salloc), or drop "
+                "environment= to run here"
+            )
         if not self._in_step():
             if wanted > 1:
                 raise MisconfigurationError(
