@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -279,3 +281,16 @@ def test_a_ready_precision_is_checked_against_the_accelerator():
 
     with pytest.raises(MisconfigurationError, match=r"'16-mixed' on accelerator 'cpu'.*bf16-mixed"):
         phalanx.resolve("ddp", accelerator="cpu", devices=2, plugins=[MixedPrecision16()])
+
+
+def test_auto_in_a_notebook_picks_a_strategy_whose_launcher_works_there():
+    # `python -c` is what a notebook is to phalanx: no script to re-run.
+    code = (
+        "import phalanx\n"
+        "plan = phalanx.plan(accelerator='cpu', devices=2)\n"
+        "print(plan.strategy.name, plan.launcher.name)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["ddp_notebook", "fork"], out.stderr

@@ -335,7 +335,26 @@ def _pick_strategy(registry: Registry, accelerator: str, count: int | None, num_
         )
     fits.sort(key=lambda e: (-e.spec.priority, e.name))
     which = "parallel" if parallel else "single-device"
+    if parallel and _is_interactive():
+        # A notebook has no script to re-run: the strategies whose default
+        # launcher works here (ddp_notebook's fork), as Fabric picks.
+        here = [e for e in fits if _runs_interactively(registry, e)]
+        if here:
+            return _choice(
+                here[0],
+                f"auto: the {which} strategy of highest priority whose launcher works in a notebook or REPL",
+            )
     return _choice(fits[0], f"auto: the {which} strategy of highest priority")
+
+
+def _runs_interactively(registry: Registry, entry: Entry) -> bool:
+    """Whether a strategy's default launcher works where there is no script."""
+    assert isinstance(entry.spec, StrategySpec)
+    try:
+        launcher = registry.get(Kind.LAUNCHER, entry.spec.launcher)
+    except PhalanxError:
+        return False
+    return isinstance(launcher.spec, LauncherSpec) and launcher.spec.interactive
 
 
 def _detect_environment(registry: Registry) -> Choice:

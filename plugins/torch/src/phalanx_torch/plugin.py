@@ -187,7 +187,8 @@ def phalanx_strategies() -> list[StrategySpec]:
         ),
         ("ddp_spawn", "DDPStrategy", "spawn", 5, "DistributedDataParallel in processes started by spawn"),
         ("ddp_fork", "DDPStrategy", "fork", 0, "DistributedDataParallel in forked processes"),
-        ("ddp_notebook", "DDPStrategy", "fork", 0, "ddp_fork, under the name notebooks look for"),
+        # Above ddp_fork: strategy='auto' in a notebook picks it, as Fabric does.
+        ("ddp_notebook", "DDPStrategy", "fork", 1, "ddp_fork, under the name notebooks look for"),
         (
             "fsdp",
             "FSDPStrategy",
