@@ -278,6 +278,44 @@ def test_lsf_reads_the_rankfile_before_lsb_hosts(monkeypatch, tmp_path):
     env.validate(num_devices=2, num_nodes=2)
 
 
+@pytest.mark.parametrize(
+    ("mine", "host", "same"),
+    [
+        ("10.10.10.2", "10.10.10.2", True),
+        ("10.10.10.2", "10.10.10.0", False),  # not by the first label of an address
+        ("node1", "node1.cluster", True),  # one name short: the short names
+        ("node1.cluster", "node1", True),
+        ("node1.a.example", "node1.b.example", False),  # two qualified names: whole
+        ("node1", "node2", False),
+        ("anything", "localhost", True),
+    ],
+)
+def test_a_host_is_this_one_only_when_its_name_is(monkeypatch, mine, host, same):
+    from phalanx_torch import _scheduler_vars
+
+    monkeypatch.setattr(_scheduler_vars.socket, "gethostname", lambda: mine)
+    assert _scheduler_vars._is_this_host(host) is same
+
+
+def test_lsf_with_addresses_for_host_names_finds_its_node(monkeypatch, tmp_path):
+    from phalanx_torch import _scheduler_vars
+
+    monkeypatch.setattr(_scheduler_vars.socket, "gethostname", lambda: "10.10.10.2")
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("launch\n" + "".join(f"10.10.10.{i}\n" for i in range(4)))
+    setenv(monkeypatch, {**JSRUN, "LSB_DJOB_RANKFILE": str(rankfile)})
+    env = LSFEnvironment()
+    assert (env.main_address, env.node_rank) == ("10.10.10.0", 2)
+
+
+def test_lsf_refuses_several_nodes_with_an_empty_rank_file(monkeypatch, tmp_path):
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("")
+    setenv(monkeypatch, {**JSRUN, "LSB_DJOB_RANKFILE": str(rankfile)})
+    with pytest.raises(MisconfigurationError, match=r"num_nodes=2, but the job lists no compute hosts"):
+        LSFEnvironment().validate(num_devices=2, num_nodes=2)
+
+
 def test_scheduler_environments_say_they_started_the_processes():
     started = {name for name, cls in ENVIRONMENTS.items() if cls.creates_processes_externally}
     assert started == set(ENVIRONMENTS) - {"local"}

@@ -281,7 +281,11 @@ def _with_run_flags(registry: Registry, flags: dict[str, Any]) -> dict[str, Any]
 
 def _named(registry: Registry, kind: Kind, value: Any, reason: str) -> Choice:
     if isinstance(value, INTERFACES[kind]):
-        return Choice(kind, type(value).__name__, "an instance you passed", instance=value)
+        # Planned under the part's own name (an Accelerator's is its device
+        # type: a custom 'xla' accelerator fits the xla strategies).
+        name = getattr(value, "name", None)
+        name = name if isinstance(name, str) and name else type(value).__name__
+        return Choice(kind, name, "an instance you passed", instance=value)
     entry = registry.get(kind, str(value))
     return Choice(kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
 

@@ -4,6 +4,7 @@ imports no torch."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -73,9 +74,27 @@ def _port_from_key(key: str) -> int:
     return 20000 + zlib.crc32(key.encode()) % 10000
 
 
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_this_host(host: str) -> bool:
-    mine = socket.gethostname().split(".")[0]
-    return host in ("localhost", _LOOPBACK) or host.split(".")[0] == mine
+    """Whether a scheduler's host name is this machine: the same name, or
+    the same short name where one of the two is short (``node1`` and
+    ``node1.cluster``). Two qualified names, or an IP address, must match
+    whole (``10.10.10.2`` is not ``10.10.10.0``; ``node1.a`` not ``node1.b``)."""
+    if host in ("localhost", _LOOPBACK):
+        return True
+    mine = socket.gethostname()
+    if host == mine:
+        return True
+    if _is_ip(host) or _is_ip(mine) or ("." in host and "." in mine):
+        return False
+    return host.split(".")[0] == mine.split(".")[0]
 
 
 def _address(hosts: list[str]) -> str:

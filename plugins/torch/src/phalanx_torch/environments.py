@@ -378,6 +378,14 @@ class LSFEnvironment(ClusterEnvironment):
                 )
             return
         hosts = self._hosts()
+        if not hosts and num_nodes > 1:
+            where = _var("LSB_DJOB_RANKFILE")
+            raise MisconfigurationError(
+                f"LSF job {job}: num_nodes={num_nodes}, but the job lists no compute hosts ("
+                + (f"LSB_DJOB_RANKFILE={where!r} names none" if where else "LSB_HOSTS names none")
+                + "), so no node can tell its rank or find node 0; run inside the job LSF started, whose "
+                "rank file lists its hosts"
+            )
         self._node_index(hosts)  # raises when this host is not one of the job's
         _check_layout(
             who=f"LSF job {job}",
