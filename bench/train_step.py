@@ -128,6 +128,8 @@ def _gloo_group(strategy, port: int) -> Any:
     group._register_backend(
         torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, dist.ProcessGroupGloo(store, rank, size)
     )
+    # DeviceMesh.from_group finds a group by its name (set once a backend is there).
+    group._set_group_name("bench-plain-gloo")
     dist.distributed_c10d._register_pg_in_world(
         group, "gloo", store, "bench-plain-gloo", "gloo", rank_mapping={r: r for r in range(size)}
     )

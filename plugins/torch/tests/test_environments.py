@@ -24,6 +24,7 @@ from phalanx_torch.environments import (
     MPIEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
+    VariablesEnvironment,
     expand_hostlist,
 )
 
@@ -34,9 +35,18 @@ ENVIRONMENTS = {
     "lsf": LSFEnvironment,
     "kubeflow": KubeflowEnvironment,
     "mpi": MPIEnvironment,
+    "variables": VariablesEnvironment,
     "local": LocalEnvironment,
 }
-PRIORITY = {"torchelastic": 100, "slurm": 80, "lsf": 70, "kubeflow": 60, "mpi": 50, "local": 0}
+PRIORITY = {
+    "torchelastic": 100,
+    "slurm": 80,
+    "lsf": 70,
+    "kubeflow": 60,
+    "mpi": 50,
+    "variables": 10,
+    "local": 0,
+}
 _PREFIXES = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "LSB_", "JSM_", "KUBERNETES_")
 _NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
 _NAMES += ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -402,11 +412,22 @@ def test_validate_accepts_a_matching_job(monkeypatch, cls, variables, devices, n
 
 # -- detection ------------------------------------------------------------------------
 
+HAND = {  # two processes a user started, this one rank 1 (torch's env:// variables)
+    "RANK": "1",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29511",
+}
+
 DETECTION = [
     pytest.param({}, {"local"}, id="nothing"),
-    pytest.param(TORCHRUN, {"torchelastic", "local"}, id="torchrun"),
-    pytest.param({**TORCHRUN, **KUBEFLOW, **TORCHRUN}, {"torchelastic", "local"}, id="torchrun-in-a-pod"),
-    pytest.param({**SRUN, **TORCHRUN}, {"torchelastic", "slurm", "local"}, id="srun-torchrun"),
+    pytest.param(TORCHRUN, {"torchelastic", "variables", "local"}, id="torchrun"),
+    pytest.param(
+        {**TORCHRUN, **KUBEFLOW, **TORCHRUN}, {"torchelastic", "variables", "local"}, id="torchrun-in-a-pod"
+    ),
+    pytest.param({**SRUN, **TORCHRUN}, {"torchelastic", "slurm", "variables", "local"}, id="srun-torchrun"),
+    pytest.param(HAND, {"variables", "local"}, id="started-by-hand"),
     pytest.param(SRUN, {"slurm", "local"}, id="srun"),
     pytest.param(SBATCH, {"slurm", "local"}, id="sbatch-script"),
     pytest.param(SALLOC, {"slurm", "local"}, id="salloc-shell"),
@@ -510,3 +531,29 @@ def test_detection_imports_no_torch(variables):
     assert out.returncode == 0, out.stderr
     name, imported = json.loads(out.stdout.splitlines()[-1])
     assert name != "local" and not imported
+
+
+def test_processes_started_by_hand_run_in_place(monkeypatch):
+    setenv(monkeypatch, HAND)
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2)
+    assert type(strategy.environment) is VariablesEnvironment
+    assert type(strategy.launcher).__name__ == "InProcessLauncher"  # not two more processes
+    assert (strategy.global_rank, strategy.world_size) == (1, 2)
+    auto = phalanx.resolve(accelerator="cpu")  # devices 'auto': the processes that exist
+    assert (type(auto).__name__, len(auto.parallel_devices)) == ("DDPStrategy", 2)
+    with pytest.raises(MisconfigurationError, match=r"started WORLD_SIZE=2 process\(es\), but devices=3"):
+        phalanx.resolve("ddp", accelerator="cpu", devices=3)
+
+
+def test_a_local_rank_beyond_the_devices_is_refused_not_an_index_error(monkeypatch):
+    setenv(monkeypatch, {**HAND, "LOCAL_RANK": "2", "RANK": "0", "WORLD_SIZE": "1"})
+    with pytest.raises(MisconfigurationError, match=r"LOCAL_RANK=2, but devices=1"):
+        phalanx.resolve(accelerator="cpu", devices=1)
+
+
+def test_an_outside_environment_with_the_wrong_world_is_refused_for_any_environment():
+    class OneProcess(LocalEnvironment):
+        creates_processes_externally = True  # a third party's, whose validate checks nothing
+
+    with pytest.raises(MisconfigurationError, match=r"OneProcess started 1 process\(es\).*devices=2"):
+        phalanx.resolve("ddp", accelerator="cpu", devices=2, environment=OneProcess())

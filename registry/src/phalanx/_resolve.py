@@ -351,6 +351,56 @@ def _pick_strategy(registry: Registry, accelerator: str, count: int | None, num_
     return _choice(fits[0], f"auto: the {which} strategy of highest priority")
 
 
+def _external_world(env: Any, num_nodes: int) -> int | None:
+    """Processes per node that a scheduler or launcher already started
+    (torchrun, srun, mpirun), or ``None`` where the environment starts none."""
+    if env is None or not getattr(type(env), "creates_processes_externally", False):
+        return None
+    try:
+        size = int(env.world_size)
+    except (PhalanxError, ValueError, TypeError):
+        return None
+    return max(1, size // max(1, num_nodes))
+
+
+def _check_external_world(environment: Any, num_devices: int, num_nodes: int) -> None:
+    """For every environment whose processes were started outside phalanx
+    (a third party's too, whatever its own ``validate`` checks): as many as
+    ``devices x num_nodes``, or one rank would train alone."""
+    if not getattr(type(environment), "creates_processes_externally", False):
+        return
+    size = environment.world_size
+    wanted = num_devices * num_nodes
+    if size != wanted:
+        raise MisconfigurationError(
+            f"environment {type(environment).__name__} started {size} process(es) (its world_size), but "
+            f"devices={num_devices} x num_nodes={num_nodes} = {wanted} were asked for; start {wanted}, or "
+            f"set devices / num_nodes to the {size} that exist"
+        )
+
+
+def _auto_count(registry: Registry, accelerator: Choice, flags: Mapping[str, Any]) -> int | None:
+    """What ``devices='auto'`` / ``-1`` counts when choosing a strategy: the
+    processes a launcher already started, else every device of the
+    accelerator (4 GPUs: DDP on 4, as Fabric does)."""
+    if flags["environment"] is None:
+        detected = _detect_environment(registry)
+        env_class = type(detected.instance) if detected.instance is not None else None
+        if env_class is None:
+            env_class = registry.get(Kind.ENVIRONMENT, _qualified(detected)).load()
+        if getattr(env_class, "creates_processes_externally", False):
+            return _external_world(env_class(), flags["num_nodes"])
+    cls = (
+        type(accelerator.instance)
+        if accelerator.instance is not None
+        else registry.get(Kind.ACCELERATOR, _qualified(accelerator)).load()
+    )
+    try:
+        return int(cls.device_count()) or None
+    except Exception:  # noqa: BLE001 - a count it cannot give leaves the choice to devices=1
+        return None
+
+
 def _runs_interactively(registry: Registry, entry: Entry) -> bool:
     """Whether a strategy's default launcher works where there is no script."""
     assert isinstance(entry.spec, StrategySpec)
@@ -477,6 +527,8 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
                 f"{accelerator.name!r}"
             )
     if spec is None:
+        if count is None:  # devices 'auto' / -1: every device, or every process a launcher started
+            count = _auto_count(registry, accelerator, flags)
         strategy = _pick_strategy(registry, accelerator.name, count, flags["num_nodes"])
         assert isinstance(strategy.spec, StrategySpec)
         spec = strategy.spec
@@ -669,11 +721,16 @@ def build(registry: Registry, plan: Plan) -> Strategy:
     options = _route(plan, targets)
     accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
     devices = plan.devices
+    environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
     if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
         devices = 1
+    elif devices in ("auto", -1, "-1"):
+        # Inside processes torchrun / srun / mpirun started, 'auto' is what
+        # they started on this node (not the accelerator's own count).
+        devices = _external_world(environment, plan.num_nodes) or devices
     parallel_devices = accelerator.parallel_devices(devices)
-    environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
     environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
+    _check_external_world(environment, len(parallel_devices), plan.num_nodes)
     precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
     collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
     launcher = _construct(

@@ -103,6 +103,47 @@ class LocalEnvironment(ClusterEnvironment):
             )
 
 
+class VariablesEnvironment(LocalEnvironment):
+    """Processes you started yourself, one per rank, with torch's ``env://``
+    variables set: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
+    and ``MASTER_PORT`` (``NODE_RANK`` on several nodes). Detected when all
+    five are set (and no scheduler is); phalanx then runs ``fn`` in these
+    processes (launcher ``in_process``) instead of starting more, as Fabric
+    does. Below every scheduler's environment, above ``local``."""
+
+    creates_processes_externally: ClassVar[bool] = True
+    VARIABLES: ClassVar[tuple[str, ...]] = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+    @classmethod
+    def detect(cls) -> bool:
+        return all(name in os.environ for name in cls.VARIABLES)
+
+    def validate(self, *, num_devices: int, num_nodes: int) -> None:
+        missing = [name for name in self.VARIABLES if name not in os.environ]
+        if missing:
+            raise MisconfigurationError(
+                f"environment 'variables' reads {', '.join(self.VARIABLES)}, and {', '.join(missing)} "
+                "is not set; set every one in each process you start, or use environment='local' and "
+                "let a launcher start them"
+            )
+        super().validate(num_devices=num_devices, num_nodes=num_nodes)
+        _check_layout(
+            who="the processes you started",
+            world=("WORLD_SIZE", self.world_size),
+            nodes=None,
+            per_node=None,
+            num_devices=num_devices,
+            num_nodes=num_nodes,
+            fix="start devices x num_nodes = {total} processes",
+        )
+        if not 0 <= self.local_rank < num_devices:
+            raise MisconfigurationError(
+                f"LOCAL_RANK={self.local_rank}, but devices={num_devices}: each node's processes have "
+                f"LOCAL_RANK 0..{num_devices - 1}; set LOCAL_RANK in that range, or devices= to the "
+                "processes started on each node"
+            )
+
+
 class TorchElasticEnvironment(ClusterEnvironment):
     """Processes started by ``torchrun`` (torch.distributed.elastic).
 

@@ -55,7 +55,7 @@ def phalanx_accelerators() -> list[AcceleratorSpec]:
 @hookimpl
 def phalanx_environments() -> list[EnvironmentSpec]:
     # Detection order, highest priority first: torchelastic, slurm, lsf,
-    # kubeflow, mpi, local. local always detects, so it comes last.
+    # kubeflow, mpi, variables, local. local always detects, so it comes last.
     env = f"{_PKG}.environments"
     table = (
         ("torchelastic", "TorchElasticEnvironment", 100, "processes started by torchrun / torch elastic"),
@@ -63,6 +63,12 @@ def phalanx_environments() -> list[EnvironmentSpec]:
         ("lsf", "LSFEnvironment", 70, "an IBM Spectrum LSF job (jsrun): ranks from JSM_NAMESPACE_*"),
         ("kubeflow", "KubeflowEnvironment", 60, "a Kubeflow PyTorchJob: one process per pod"),
         ("mpi", "MPIEnvironment", 50, "processes started by mpirun (OpenMPI) or a PMI launcher"),
+        (
+            "variables",
+            "VariablesEnvironment",
+            10,
+            "processes you started, with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set",
+        ),
         ("local", "LocalEnvironment", 0, "this machine; ranks from the launcher (the default)"),
     )
     return [
