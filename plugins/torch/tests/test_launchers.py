@@ -286,7 +286,9 @@ def test_start_methods_and_interactivity():
     assert not MultiprocessingLauncher(start_method="spawn").is_interactive_compatible
     assert not SubprocessLauncher().is_interactive_compatible
     assert InProcessLauncher().is_interactive_compatible
-    refused = r"start_method='vfork': not a start method of this platform; it has .*spawn"
+    refused = (
+        r"start_method='vfork': this platform cannot start processes that way \(its start methods: .*spawn"
+    )
     with pytest.raises(MisconfigurationError, match=refused):
         MultiprocessingLauncher(start_method="vfork")
     # Through the registry, the option reaches the launcher.

@@ -575,6 +575,7 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
                 if isinstance(e.spec, LauncherSpec)
                 and e.spec.interactive
                 and (e.spec.creates_processes or not several)
+                and not e.missing()
             ]
             raise MisconfigurationError(
                 f"launcher {launcher.name!r} cannot run in a notebook or REPL (it re-runs the "

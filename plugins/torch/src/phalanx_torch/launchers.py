@@ -161,9 +161,15 @@ class MultiprocessingLauncher(Launcher):
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
         methods = _start_methods()
         if start_method not in methods:
+            usable = [f"launcher={m!r}" for m in ("spawn", "fork") if m in methods]
+            instead = (
+                f"use {' or '.join(usable)}"
+                if usable
+                else "use launcher='subprocess', which re-runs the script"
+            )
             raise MisconfigurationError(
-                f"launcher start_method={start_method!r}: not a start method of this platform; it has "
-                f"{', '.join(methods)}. Use launcher='spawn' or launcher='fork'"
+                f"launcher start_method={start_method!r}: this platform cannot start processes that "
+                f"way (its start methods: {', '.join(methods) or 'none'}); {instead}"
             )
         self.start_method = start_method
         _check_count(start_method, "num_processes", num_processes)
