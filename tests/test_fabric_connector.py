@@ -431,7 +431,8 @@ def _defaults() -> dict[str, Any]:
         return {k: p.default for k, p in inspect.signature(fn).parameters.items() if k != "self"}
 
     ours, registry = defaults(phalanx.resolve), defaults(phalanx.Registry.plan)
-    return {"differences": {k: [v, registry[k]] for k, v in ours.items() if registry.get(k, v) != v}}
+    differences = {k: [v, registry[k]] for k, v in ours.items() if registry.get(k, v) != v}
+    return {"same defaults": not differences, "differences": differences}
 
 
 def _teardown() -> dict[str, Any]:
@@ -1165,7 +1166,7 @@ CASES: list[Case] = [
     C("defaults", "test_connector_defaults_match_fabric_defaults",
       "resolve()'s defaults and Registry.plan()'s",
       Do(_defaults, "inspect.signature(phalanx.resolve) vs Registry.plan"),
-      "the connector's defaults equal Fabric's", AGREES, attrs(differences={})),
+      "the connector's defaults equal Fabric's", AGREES, attrs(**{"same defaults": True})),
     C("auto_cpu", "test_connector_auto_selection", "resolve() on a CPU machine", resolve(),
       "CPUAccelerator, SingleDeviceStrategy, devices 1", AGREES, SINGLE_CPU, F(cuda_build=False)),
     C("auto_one_cuda", "test_connector_auto_selection", "resolve() with one GPU", resolve(),
@@ -1193,11 +1194,11 @@ CASES: list[Case] = [
       raises(MisconfigurationError, "launcher 'xla' cannot run in a notebook or REPL"),
       F(xla=1, interactive=True), group="xla_notebook"),
     C("notebook_auto_eight_tpu", "test_connector_auto_selection", "resolve() with 8 TPU devices, in a notebook",
-      resolve(), "XLAStrategy over 8, launcher with the fork start method", WRONG,
+      resolve(), "XLAStrategy over 8, launcher with the fork start method", STRICTER,
       raises(MisconfigurationError, "launcher 'xla' cannot run in a notebook or REPL"),
       F(xla=8, interactive=True), group="xla_notebook",
-      note="phalanx picks ddp_notebook for the xla accelerator and then refuses its torch collective "
-      "('torch.distributed knows no such backend ... register a third-party backend')"),
+      note="the xla strategy's launcher starts replicas from a script; in a notebook it is refused, "
+      "not replaced by ddp_notebook (whose torch collective cannot run on xla)"),
     C("xla_fsdp", "test_xla_fsdp_automatic_strategy_selection", "fsdp on TPUs",
       resolve("fsdp", accelerator="xla"), "XLAFSDPStrategy", BY_DESIGN,
       raises(MisconfigurationError, NO_XLA_BACKEND), F(xla=8), group="not_provided"),
@@ -1213,10 +1214,10 @@ CASES: list[Case] = [
       F(env=HAND_STARTED, env_label="RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR MASTER_PORT")),
     C("local_rank_only", "environments/test_lightning.py::test_manual_user_launch",
       "only LOCAL_RANK=2 set, one device",
-      resolve(accelerator="cpu", devices=1), "the processes were created externally", WRONG,
-      raises(MisconfigurationError, "LOCAL_RANK"), F(env={"LOCAL_RANK": "2"}),
-      note="resolves to a single-device strategy whose root_device raises a bare IndexError "
-      "(parallel_devices[2] of 1), which launch() hits first"),
+      resolve(accelerator="cpu", devices=1), "the processes were created externally", STRICTER,
+      raises(MisconfigurationError, "LOCAL_RANK=2 is set, but devices=1"), F(env={"LOCAL_RANK": "2"}),
+      note="LOCAL_RANK alone is not a launch: it is refused, naming the variables of one",
+      group="external_world"),
     C("local_defaults", "environments/test_lightning.py::test_default_attributes", "no variables",
       Env(LocalEnvironment), "not external, 127.0.0.1, world 1, ranks 0", AGREES,
       attrs(creates_processes_externally=False, main_address="127.0.0.1", world_size=1, global_rank=0,

@@ -39,10 +39,10 @@ class Precision:
             self.validate()
 
     def validate(self) -> None:
-        """Check that :attr:`accelerator` supports this precision; raise
+        """Check that ``self.accelerator`` supports this precision; raise
         :class:`~phalanx_core.MisconfigurationError` saying what to use
         instead. Called by the constructor when it is given an accelerator,
-        and by :meth:`check_accelerator` when a ready instance made without
+        and by ``check_accelerator`` when a ready instance made without
         one is bound to its strategy's. The base accepts every accelerator."""
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
@@ -50,7 +50,7 @@ class Precision:
         precision made for another accelerator is refused (a CPU autocast on
         a CUDA strategy would leave the GPU's forward in float32); one made
         without (``resolve(plugins=[MixedPrecision()])``) is bound to it and
-        checked (:meth:`validate`), as the registry's would have been."""
+        checked (``validate``), as the registry's would have been."""
         mine = self.accelerator
         if mine is None:
             self.accelerator = accelerator

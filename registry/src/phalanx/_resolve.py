@@ -339,10 +339,13 @@ def _pick_strategy(registry: Registry, accelerator: str, count: int | None, num_
         )
     fits.sort(key=lambda e: (-e.spec.priority, e.name))
     which = "parallel" if parallel else "single-device"
-    if parallel and _is_interactive():
+    if parallel and _is_interactive() and not getattr(fits[0].spec, "accelerators", ()):
         # A notebook has no script to re-run: the strategies whose default
-        # launcher works here (ddp_notebook's fork), as Fabric picks.
-        here = [e for e in fits if _runs_interactively(registry, e)]
+        # launcher works here (ddp_notebook's fork), as Fabric picks; not in
+        # place of a strategy made for this accelerator only (xla).
+        here = [
+            e for e in fits if _runs_interactively(registry, e) and not getattr(e.spec, "accelerators", ())
+        ]
         if here:
             return _choice(
                 here[0],

@@ -101,6 +101,13 @@ class LocalEnvironment(ClusterEnvironment):
                 "(and MASTER_ADDR pointing at node 0); set them, or use a scheduler's environment "
                 "(slurm, torchelastic)"
             )
+        if "LOCAL_RANK" in os.environ and not 0 <= self.local_rank < num_devices:
+            raise MisconfigurationError(
+                f"LOCAL_RANK={self.local_rank} is set, but devices={num_devices}: this process would "
+                f"be local rank {self.local_rank} of {num_devices}; unset LOCAL_RANK, or start every "
+                "process with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (environment "
+                "'variables') and devices= the processes on each node"
+            )
 
 
 class VariablesEnvironment(LocalEnvironment):
