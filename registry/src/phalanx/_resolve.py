@@ -398,10 +398,7 @@ def _auto_count(registry: Registry, accelerator: Choice, flags: Mapping[str, Any
         if accelerator.instance is not None
         else registry.get(Kind.ACCELERATOR, _qualified(accelerator)).load()
     )
-    try:
-        return int(cls.device_count()) or None
-    except Exception:  # noqa: BLE001 - a count it cannot give leaves the choice to devices=1
-        return None
+    return int(cls.device_count()) or None
 
 
 def _runs_interactively(registry: Registry, entry: Entry) -> bool:
