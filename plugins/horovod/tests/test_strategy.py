@@ -129,14 +129,19 @@ def accumulate(strategy, passes: int):
     r = strategy.global_rank
     torch.manual_seed(0)
     net, optimizer = strategy.setup(model(), functools.partial(torch.optim.SGD, lr=0.0))
+    # This rank's own sum of the passes, from a copy that no strategy touches:
+    # reading net's gradients after the last pass would race with Horovod,
+    # which reduces them in place on its own thread (it failed once so).
+    alone = copy.deepcopy(net)
     local = [torch.zeros_like(p) for p in net.parameters()]
     for k in range(passes):
         x, y = data(10 * r + k)
+        torch.nn.functional.mse_loss(alone(x), y).backward()
         with strategy.no_backward_sync(net, enabled=k < passes - 1):
             strategy.backward(torch.nn.functional.mse_loss(net(x), y))
         if k < passes - 1:  # still local: the sum of this rank's passes
             local = [p.grad.clone() for p in net.parameters()]
-    own = [p.grad.clone() for p in net.parameters()]  # after the last pass, before the step
+    own = [p.grad for p in alone.parameters()]
     strategy.optimizer_step(optimizer)
     reduced = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
     expected = strategy.all_reduce(torch.cat([g.reshape(-1) for g in own]), "mean")
