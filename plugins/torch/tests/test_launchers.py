@@ -117,6 +117,14 @@ class Job:
         )
 
 
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT as a terminal's foreground job has it. A shell without job
+    control starts background commands with SIGINT ignored (`cmd &` in a CI
+    script), the ignoring is inherited, and Python then never raises
+    KeyboardInterrupt: the Ctrl-C tests would wait on a job that cannot get one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], *, cwd: Path = SCRIPTS, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args],
@@ -125,6 +133,7 @@ def start(args: list[str], *, cwd: Path = SCRIPTS, **env: str) -> subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_terminal_starts_it,
     )
 
 
