@@ -494,114 +494,66 @@ class Strategy:
 
     def barrier(self) -> None:
         """Block until every rank arrives (:meth:`Collective.barrier`)."""
-        try:
-            self.collective.barrier()
-        except Exception:
-            self._not_set_up("barrier")
-            raise
+        self.collective.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` on every rank: a tensor in place
         (:meth:`Collective.broadcast`), anything else picklable (a dict, a
         number, a list of tensors) as :meth:`broadcast_object` sends it,
         which returns ``src``'s object."""
-        try:
-            if _is_tensor(obj):
-                return self.collective.broadcast(obj, src)
-            return self.collective.broadcast_object(obj, src)
-        except Exception:
-            self._not_set_up("broadcast")
-            raise
+        if _is_tensor(obj):
+            return self.collective.broadcast(obj, src)
+        return self.collective.broadcast_object(obj, src)
 
     def all_reduce(self, data: Any, op: str = "sum", *, async_op: bool = False) -> Any:
         """:meth:`Collective.all_reduce`, in place: a tensor, or a dict, list
         or tuple of them (nested as you like; each tensor is reduced, the
         same structure is returned). ``async_op`` takes a tensor only."""
-        try:
-            if _is_tensor(data):
-                return self.collective.all_reduce(data, op, async_op=async_op)
-            if async_op:
-                raise MisconfigurationError(
-                    f"all_reduce(async_op=True) takes one tensor, got a {type(data).__name__}; reduce "
-                    "each tensor with its own handle, or drop async_op"
-                )
-            return _each_tensor(data, "all_reduce", lambda t: self.collective.all_reduce(t, op))
-        except MisconfigurationError:
-            raise
-        except Exception:
-            self._not_set_up("all_reduce")
-            raise
+        if _is_tensor(data):
+            return self.collective.all_reduce(data, op, async_op=async_op)
+        if async_op:
+            raise MisconfigurationError(
+                f"all_reduce(async_op=True) takes one tensor, got a {type(data).__name__}; reduce "
+                "each tensor with its own handle, or drop async_op"
+            )
+        return _each_tensor(data, "all_reduce", lambda t: self.collective.all_reduce(t, op))
 
     def reduce(self, tensor: Tensor, dst: int = 0, op: str = "sum") -> Tensor:
         """:meth:`Collective.reduce`."""
-        try:
-            return self.collective.reduce(tensor, dst, op)
-        except Exception:
-            self._not_set_up("reduce")
-            raise
+        return self.collective.reduce(tensor, dst, op)
 
     def all_gather(self, data: Any) -> Any:
         """:meth:`Collective.all_gather`: for a tensor, the list of every
         rank's, indexed by rank; for a dict, list or tuple of tensors
         (nested as you like), the same structure with such a list in the
         place of each tensor."""
-        try:
-            if _is_tensor(data):
-                return self.collective.all_gather(data)
-            return _each_tensor(data, "all_gather", self.collective.all_gather)
-        except MisconfigurationError:
-            raise
-        except Exception:
-            self._not_set_up("all_gather")
-            raise
+        if _is_tensor(data):
+            return self.collective.all_gather(data)
+        return _each_tensor(data, "all_gather", self.collective.all_gather)
 
     def gather(self, tensor: Tensor, dst: int = 0) -> list[Tensor]:
         """:meth:`Collective.gather`."""
-        try:
-            return cast(list[Any], self.collective.gather(tensor, dst))
-        except Exception:
-            self._not_set_up("gather")
-            raise
+        return cast(list[Any], self.collective.gather(tensor, dst))
 
     def scatter(self, tensor: Tensor, scatter_list: Sequence[Tensor] | None = None, src: int = 0) -> Tensor:
         """:meth:`Collective.scatter`."""
-        try:
-            return self.collective.scatter(tensor, scatter_list, src)
-        except Exception:
-            self._not_set_up("scatter")
-            raise
+        return self.collective.scatter(tensor, scatter_list, src)
 
     def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """:meth:`Collective.reduce_scatter`."""
-        try:
-            return self.collective.reduce_scatter(tensor, op)
-        except Exception:
-            self._not_set_up("reduce_scatter")
-            raise
+        return self.collective.reduce_scatter(tensor, op)
 
     def all_to_all(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         """:meth:`Collective.all_to_all`."""
-        try:
-            return cast(list[Any], self.collective.all_to_all(tensors))
-        except Exception:
-            self._not_set_up("all_to_all")
-            raise
+        return cast(list[Any], self.collective.all_to_all(tensors))
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """:meth:`Collective.broadcast_object`."""
-        try:
-            return self.collective.broadcast_object(obj, src)
-        except Exception:
-            self._not_set_up("broadcast_object")
-            raise
+        return self.collective.broadcast_object(obj, src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """:meth:`Collective.all_gather_object`."""
-        try:
-            return self.collective.all_gather_object(obj)
-        except Exception:
-            self._not_set_up("all_gather_object")
-            raise
+        return self.collective.all_gather_object(obj)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
@@ -638,16 +590,23 @@ def _watch_methods(cls: type) -> None:
 
 
 def _watched(name: str, method: Callable[..., T]) -> Callable[..., T]:
+    operation = name in OPERATIONS
+
     @functools.wraps(method)
     def watched(self: Strategy, *args: Any, **kwargs: Any) -> T:
         watch = self._hang_watch
-        if watch is None:
-            return method(self, *args, **kwargs)
-        outer = watch.enter(name)
+        outer = watch.enter(name) if watch is not None else None
         try:
             return method(self, *args, **kwargs)
+        except Exception:
+            if operation:
+                # Before set-up the backend's own words mislead ("Default
+                # process group has not been initialized"): say why.
+                self._not_set_up(name)
+            raise
         finally:
-            watch.leave(outer)
+            if watch is not None:
+                watch.leave(outer)
 
     watched._phalanx_watched = True  # type: ignore[attr-defined]
     return watched
