@@ -169,3 +169,64 @@ def test_timed_out_is_the_error_every_collective_raises():
         "all_reduce() on the 'mine' collective (rank 1 of 2) did not complete within 3 s; ranks [0] did not "
         "arrive. A rank may have died, hung, or not called the same operation in the same order; end the job"
     )
+
+
+INTO = {"all_gather_into", "reduce_scatter_into"}
+
+
+class NoGatherInto(Partial):
+    """Gathers and reduce-scatters, as new tensors only: the contract's
+    defaults give the into-forms."""
+
+    unsupported = frozenset(OPERATIONS) - {"barrier", "all_gather", "reduce_scatter", *INTO}
+    world_size = 2  # type: ignore[assignment]
+
+    def all_gather(self, tensor, *, async_op=False):
+        import torch
+
+        parts = [tensor.clone(), torch.full_like(tensor, 9.0)]
+        return CompletedWork(parts) if async_op else parts
+
+    def reduce_scatter(self, tensor, op="sum", *, async_op=False):
+        part = tensor[0] * 2
+        return CompletedWork(part) if async_op else part
+
+
+def test_the_into_forms_default_to_the_operation_they_extend_and_one_copy():
+    torch = pytest.importorskip("torch")
+    coll = NoGatherInto()
+    out = torch.zeros(2, 3)
+    assert coll.all_gather_into(out, torch.ones(3)) is out
+    assert out.tolist() == [[1.0] * 3, [9.0] * 3]
+    flat = torch.zeros(6)
+    assert coll.all_gather_into(flat, torch.ones(3), async_op=True).wait() is flat
+    assert flat.tolist() == [1.0] * 3 + [9.0] * 3
+    part = torch.zeros(2)
+    assert coll.reduce_scatter_into(part, torch.tensor([1.0, 2.0, 3.0, 4.0])) is part
+    assert part.tolist() == [2.0, 4.0]
+    with pytest.raises(
+        MisconfigurationError, match=r"all_gather_into\(\): the output has 5 elements and the input 3"
+    ):
+        coll.all_gather_into(torch.zeros(5), torch.ones(3))
+    with pytest.raises(MisconfigurationError, match=r"the output is torch.float64 .* one dtype"):
+        coll.reduce_scatter_into(torch.zeros(2, dtype=torch.float64), torch.zeros(4))
+    with pytest.raises(MisconfigurationError, match=r"the output is not contiguous .*\.contiguous\(\)"):
+        coll.all_gather_into(torch.zeros(3, 2).t(), torch.ones(3))
+
+
+def test_an_operation_refused_refuses_the_into_form_that_extends_it():
+    class Derived(Partial):
+        unsupported = frozenset(OPERATIONS) - {"barrier", *INTO}
+
+    assert Derived.unsupported >= INTO
+    with pytest.raises(UnavailableError, match=r"all_gather_into\(\) is not available on the 'partial'"):
+        Derived().all_gather_into(None, None)
+
+    class OwnInto(Partial):
+        unsupported = frozenset(OPERATIONS) - {"barrier", "all_gather_into"}
+
+        def all_gather_into(self, output, tensor, *, async_op=False):
+            return output
+
+    assert "all_gather_into" not in OwnInto.unsupported
+    assert OwnInto().all_gather_into("out", None) == "out"

@@ -29,6 +29,18 @@ scratch space). ``all_gather``, ``gather``, ``reduce_scatter`` and
 implementation whose backend returns new tensors (XLA) copies the result
 back where the contract says "in place".
 
+**Into a given output.** ``all_gather_into`` and ``reduce_scatter_into``
+are ``all_gather`` and ``reduce_scatter`` writing into one flat tensor the
+caller gives (as ``torch.distributed.all_gather_into_tensor`` and
+``reduce_scatter_tensor``, which FSDP calls for every layer): the output
+of ``all_gather_into`` holds ``world_size`` times the input's elements,
+rank ``i``'s in the ``i``-th equal chunk of its flat view; the input of
+``reduce_scatter_into`` holds ``world_size`` times the output's elements,
+and this rank's reduced chunk lands in the output. Both tensors are
+contiguous and of one dtype. The base class gives both, by the operation
+they extend and one copy; a collective whose backend writes into a given
+buffer overrides them and saves that copy.
+
 **Reduce ops** are named: ``"sum"``, ``"mean"``, ``"min"``, ``"max"``,
 ``"product"`` (:data:`REDUCE_OPS`); an implementation may accept more
 (Horovod's ``"adasum"``) and lists them in :attr:`~Collective.reduce_ops`.
@@ -100,6 +112,7 @@ __all__ = [
     "NonMember",
     "Tensor",
     "Work",
+    "check_into",
     "check_one_per_rank",
     "check_rank",
     "check_reduce_op",
@@ -125,9 +138,11 @@ OPERATIONS: tuple[str, ...] = (
     "all_reduce",
     "reduce",
     "all_gather",
+    "all_gather_into",
     "gather",
     "scatter",
     "reduce_scatter",
+    "reduce_scatter_into",
     "all_to_all",
     "send",
     "recv",
@@ -179,6 +194,40 @@ def check_one_per_rank(tensors: Sequence[Tensor], world_size: int, *, operation:
             f"{operation}(): give one tensor per rank ({world_size} in this group), got {len(tensors)}"
         )
     return list(tensors)
+
+
+#: The operations that extend another, and the one each extends: a
+#: collective that cannot do the one cannot do the other (unless it
+#: implements it itself).
+EXTENDS: dict[str, str] = {"all_gather_into": "all_gather", "reduce_scatter_into": "reduce_scatter"}
+
+
+def check_into(output: Tensor, tensor: Tensor, world_size: int, *, operation: str) -> None:
+    """Check the two tensors of ``all_gather_into(output, tensor)`` or
+    ``reduce_scatter_into(output, tensor)``: contiguous, of one dtype and
+    device, and the larger (``output`` for a gather, ``tensor`` for a
+    reduce-scatter) holding ``world_size`` times the other's elements;
+    raise :class:`MisconfigurationError` saying which is wrong."""
+    gather = operation == "all_gather_into"
+    whole, part = (output, tensor) if gather else (tensor, output)
+    whole_name, part_name = ("output", "input") if gather else ("input", "output")
+    if whole.numel() != part.numel() * world_size:
+        raise MisconfigurationError(
+            f"{operation}(): the {whole_name} has {whole.numel()} elements and the {part_name} "
+            f"{part.numel()}; the {whole_name} must hold the {part_name}'s times the group's size "
+            f"({world_size})"
+        )
+    if output.dtype != tensor.dtype or output.device != tensor.device:
+        raise MisconfigurationError(
+            f"{operation}(): the output is {output.dtype} on {output.device} and the input "
+            f"{tensor.dtype} on {tensor.device}; give two tensors of one dtype on one device"
+        )
+    for name, t in (("output", output), ("input", tensor)):
+        if not t.is_contiguous():
+            raise MisconfigurationError(
+                f"{operation}(): the {name} is not contiguous (shape {tuple(t.shape)}, stride "
+                f"{tuple(t.stride())}); give a contiguous tensor (.contiguous() makes one)"
+            )
 
 
 def check_scatter_list(
@@ -290,6 +339,18 @@ class Work(ABC):
         futures."""
         return False
 
+    def backend_work(self) -> Any:
+        """Optional: the backend's own handle for this operation, where
+        waiting on it alone completes the operation (the results already
+        where :meth:`wait` would return them, nothing left to do after it);
+        ``None`` (the default) otherwise. phalanx's process group for torch
+        hands a ``torch.distributed.Work`` found here to torch as it is, so
+        that DDP's reducer and FSDP wait on c10d's own future with no Python
+        in between: a collective built on torch.distributed (one that counts
+        its calls, or adds a step before each) gets that from the torch
+        collective's handles by returning them."""
+        return None
+
 
 class CompletedWork(Work):
     """A handle for an operation that already ran (or is lazy, as on XLA):
@@ -349,9 +410,17 @@ class Collective(ABC):
                 f"{cls.__qualname__}.unsupported names {sorted(unknown)}, which are not "
                 f"operations of the contract ({', '.join(OPERATIONS)})"
             )
+        derived = {op for op, base in EXTENDS.items() if base in cls.unsupported and op not in cls.__dict__}
+        if derived - set(cls.unsupported):
+            cls.unsupported = frozenset(cls.unsupported) | derived
         for op in cls.unsupported:
             if op not in cls.__dict__:
                 setattr(cls, op, _refusing(op))
+        for op in EXTENDS:
+            # A parent's refusal of an operation this class can do (through
+            # the default) is not inherited.
+            if op not in cls.unsupported and getattr(getattr(cls, op), "_phalanx_refusal", False):
+                setattr(cls, op, vars(Collective)[op])
 
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -451,6 +520,21 @@ class Collective(ABC):
         """Return a new list of ``world_size`` tensors: element ``i`` is rank
         ``i``'s ``tensor``."""
 
+    def all_gather_into(self, output: Tensor, tensor: Tensor, *, async_op: bool = False) -> Tensor | Work:
+        """Write every rank's ``tensor`` into ``output``, rank ``i``'s in the
+        ``i``-th of ``world_size`` equal chunks of its elements; return
+        ``output``. This default runs :meth:`all_gather` and copies into
+        ``output``; override it where the backend writes into a buffer."""
+        check_into(output, tensor, self.world_size, operation="all_gather_into")
+        gathered = self.all_gather(tensor, async_op=async_op)
+
+        def finish(parts: Sequence[Tensor]) -> Tensor:
+            for chunk, part in zip(output.view(len(parts), -1), parts, strict=True):
+                chunk.copy_(part.reshape(-1))
+            return output
+
+        return _Then(gathered, finish) if async_op else finish(gathered)  # type: ignore[arg-type]
+
     @abstractmethod
     def gather(self, tensor: Tensor, dst: int = 0, *, async_op: bool = False) -> list[Tensor] | Work:
         """On ``dst`` return the list ``all_gather`` would; on other ranks
@@ -474,6 +558,23 @@ class Collective(ABC):
         """Reduce ``tensor`` across the group with ``op`` and return a new
         tensor holding this rank's slice of the result along dimension 0
         (``tensor.shape[0]`` must be divisible by ``world_size``)."""
+
+    def reduce_scatter_into(
+        self, output: Tensor, tensor: Tensor, op: str = "sum", *, async_op: bool = False
+    ) -> Tensor | Work:
+        """Reduce ``tensor`` across the group with ``op`` and write this
+        rank's chunk of the result (the ``rank``-th of ``world_size`` equal
+        chunks of its elements) into ``output``; return ``output``. This
+        default runs :meth:`reduce_scatter` and copies into ``output``;
+        override it where the backend writes into a buffer."""
+        check_into(output, tensor, self.world_size, operation="reduce_scatter_into")
+        scattered = self.reduce_scatter(tensor.view(self.world_size, -1), op, async_op=async_op)
+
+        def finish(part: Tensor) -> Tensor:
+            output.view(-1).copy_(part.reshape(-1))
+            return output
+
+        return _Then(scattered, finish) if async_op else finish(scattered)
 
     @abstractmethod
     def all_to_all(self, tensors: Sequence[Tensor], *, async_op: bool = False) -> list[Tensor] | Work:
@@ -533,12 +634,36 @@ class Collective(ABC):
         return f"{type(self).__name__}({state})"
 
 
+class _Then(Work):
+    """``work`` followed by ``finish`` of its result: what the default
+    into-forms return for ``async_op=True``."""
+
+    def __init__(self, work: Work, finish: Callable[[Any], Any]) -> None:
+        self._work = work
+        self._finish: Callable[[Any], Any] | None = finish
+        self._result: Any = None
+
+    def wait(self) -> Any:
+        result = self._work.wait()
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._result = finish(result)
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def on_done(self, callback: Callable[[], object]) -> bool:
+        return self._work.on_done(callback)
+
+
 def _refusing(operation: str) -> Callable[..., Any]:
     def refuse(self: Collective, *args: Any, **kwargs: Any) -> Any:
         raise self._refusal(operation)
 
     refuse.__name__ = operation
     refuse.__doc__ = "Not available on this collective: raises (see ``unsupported``)."
+    refuse._phalanx_refusal = True  # type: ignore[attr-defined]
     return refuse
 
 

@@ -34,8 +34,8 @@ class Counting:
     """Any collective, with a count of the calls and bytes each operation
     carried. It meets the contract by handing every call on."""
 
-    OPS = ("barrier", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
-           "reduce_scatter", "all_to_all", "send", "recv")  # fmt: skip
+    OPS = ("barrier", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into", "gather",
+           "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all", "send", "recv")  # fmt: skip
 
     def __init__(self, collective):
         self._inner = collective
@@ -188,11 +188,12 @@ def fsdp_both_ways(strategy):
 def test_fsdp2_over_the_collective_trains_as_fsdp2_over_torchs_group():
     for ours, theirs, calls, carried, gradients in launch(fsdp_both_ways):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
-        assert set(calls) >= {"all_gather", "reduce_scatter"}
+        # FSDP's flat buffers: the collective writes into them
+        assert set(calls) >= {"all_gather_into", "reduce_scatter_into"}
         # each step reduce-scatters every gradient (the whole, in; a shard, out)
-        assert carried["reduce_scatter"] >= STEPS * gradients
+        assert carried["reduce_scatter_into"] >= STEPS * gradients
         # each step gathers every shard forward and again backward
-        assert carried["all_gather"] >= 2 * STEPS * gradients // 2
+        assert carried["all_gather_into"] >= 2 * STEPS * gradients // 2
 
 
 def dtensor_redistribute(strategy):
@@ -232,8 +233,8 @@ def test_dtensor_redistributes_through_the_collective():
         torch.testing.assert_close(summed, torch.full((4, 2), 3.0))
         assert seen == {
             "distribute": {"scatter": 1},
-            "shard->replicate": {"all_gather": 1},
-            "partial->shard": {"reduce_scatter": 1},
+            "shard->replicate": {"all_gather_into": 1},
+            "partial->shard": {"reduce_scatter_into": 1},
             "partial->replicate": {"all_reduce": 1},
         }
 
@@ -282,7 +283,7 @@ def test_the_group_can_stand_in_for_torchs_default_group():
         assert "Default process group has not been initialized" in refused
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
         torch.testing.assert_close(summed, torch.full((2,), 2.0))
-        assert calls["all_gather"] > 0 and calls["reduce_scatter"] > 0 and calls["all_reduce"] == 1
+        assert calls["all_gather_into"] > 0 and calls["reduce_scatter_into"] > 0 and calls["all_reduce"] == 1
         assert not gone  # unregister gave the default group's place back
 
 

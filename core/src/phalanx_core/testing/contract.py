@@ -180,6 +180,67 @@ def check_reduce_scatter(c: Any) -> None:
             raise AssertionError("reduce_scatter with dim 0 not divisible by the size must raise")
 
 
+def check_all_gather_into(c: Any) -> None:
+    import torch
+
+    n = c.world_size
+    t = torch.tensor([[float(c.rank), 7.0]])
+    output = torch.full((n, 2), -1.0)
+    got = c.all_gather_into(output, t)
+    assert got is output, "all_gather_into returns the output it was given"
+    _eq("all_gather_into", output.tolist(), [[float(r), 7.0] for r in range(n)])
+    _eq("all_gather_into leaves its input", t.tolist(), [[float(c.rank), 7.0]])
+    flat = torch.zeros(2 * n)  # any shape with the elements: rank i's in the i-th chunk
+    c.all_gather_into(flat, t)
+    _eq("all_gather_into a flat output", flat.tolist(), [v for r in range(n) for v in (float(r), 7.0)])
+    work = c.all_gather_into(output, torch.tensor([[float(c.rank) + 0.5, 1.0]]), async_op=True)
+    assert isinstance(work, Work), "all_gather_into(async_op=True) returns a Work"
+    assert work.wait() is output, "Work.wait() of all_gather_into returns the output"
+    _eq("async all_gather_into", output.tolist(), [[r + 0.5, 1.0] for r in range(n)])
+    for label, out, inp in (
+        ("an output of the wrong size", torch.zeros(2 * n + 1), t),
+        ("an output of another dtype", torch.zeros(2 * n, dtype=torch.float64), t),
+        ("a non-contiguous output", torch.zeros(2, 2 * n).t(), torch.zeros(2)),
+    ):
+        try:
+            c.all_gather_into(out, inp)
+        except MisconfigurationError:
+            continue
+        raise AssertionError(f"all_gather_into with {label} must raise MisconfigurationError")
+
+
+def check_reduce_scatter_into(c: Any) -> None:
+    import torch
+
+    n = c.world_size
+    t = torch.arange(2 * n, dtype=torch.float32) + c.rank
+    before = t.clone()
+    output = torch.full((2,), -1.0)
+    got = c.reduce_scatter_into(output, t, "sum")
+    assert got is output, "reduce_scatter_into returns the output it was given"
+    offset = sum(range(n))
+    _eq(
+        "reduce_scatter_into(sum)",
+        output.tolist(),
+        [n * v + offset for v in (2.0 * c.rank, 2.0 * c.rank + 1)],
+    )
+    assert torch.equal(t, before), "reduce_scatter_into leaves its input unchanged"
+    ints = torch.full((n,), c.rank + 1, dtype=torch.int64)
+    out = torch.zeros(1, dtype=torch.int64)
+    c.reduce_scatter_into(out, ints, "mean")
+    _eq("reduce_scatter_into(mean) of integers", out.tolist(), [sum(range(1, n + 1)) // n])
+    work = c.reduce_scatter_into(output, torch.ones(2 * n), "max", async_op=True)
+    assert isinstance(work, Work), "reduce_scatter_into(async_op=True) returns a Work"
+    assert work.wait() is output, "Work.wait() of reduce_scatter_into returns the output"
+    _eq("async reduce_scatter_into(max)", output.tolist(), [1.0, 1.0])
+    try:
+        c.reduce_scatter_into(torch.zeros(3), torch.zeros(3 * n + 1), "sum")
+    except MisconfigurationError:
+        pass
+    else:
+        raise AssertionError("reduce_scatter_into with an input of the wrong size must raise")
+
+
 def check_all_to_all(c: Any) -> None:
     import torch
 
@@ -348,6 +409,8 @@ CHECKS: dict[str, tuple[Callable[[Any], None], tuple[str, ...]]] = {
     "gather": (check_gather, ("gather",)),
     "scatter": (check_scatter, ("scatter",)),
     "reduce_scatter": (check_reduce_scatter, ("reduce_scatter",)),
+    "all_gather_into": (check_all_gather_into, ("all_gather_into",)),
+    "reduce_scatter_into": (check_reduce_scatter_into, ("reduce_scatter_into",)),
     "all_to_all": (check_all_to_all, ("all_to_all",)),
     "send_recv": (check_send_recv, ("send", "recv")),
     "objects": (check_objects, ("broadcast_object", "all_gather_object", "gather_object", "scatter_object")),

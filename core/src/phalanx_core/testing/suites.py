@@ -269,7 +269,9 @@ class TrafficSuite:
         assert [r["rank"] for r in results] == list(range(self.devices)), results
         for r in results:
             where = f"strategy {strategy_name!r}, collective {self.collective!r}, rank {r['rank']}"
-            carried = r["bytes"].get("all_reduce", 0) + r["bytes"].get("reduce_scatter", 0)
+            carried = sum(
+                r["bytes"].get(op, 0) for op in ("all_reduce", "reduce_scatter", "reduce_scatter_into")
+            )
             assert carried >= STEPS * r["gradient_bytes"], (
                 f"{where}: {carried} bytes of reductions went through the collective in {STEPS} steps, "
                 f"for {r['gradient_bytes']} bytes of gradients a step (calls: {r['calls']}; the strategy's "

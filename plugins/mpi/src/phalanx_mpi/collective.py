@@ -37,6 +37,7 @@ from phalanx_core.collective import (
     Collective,
     NonMember,
     Work,
+    check_into,
     check_one_per_rank,
     check_rank,
     check_reduce_op,
@@ -442,6 +443,14 @@ class MPICollective(Collective):
         request = comm.Iallgather(self._raw(send), self._raw(out))
         return self._run("all_gather", request, lambda: list(out.unbind(0)), async_op, send)
 
+    def all_gather_into(self, output: Any, tensor: Any, *, async_op: bool = False) -> Any:
+        comm = self._live("all_gather_into")
+        self._check_tensor(tensor, "all_gather_into")
+        self._check_tensor(output, "all_gather_into")
+        check_into(output, tensor, comm.Get_size(), operation="all_gather_into")
+        request = comm.Iallgather(self._raw(tensor), self._raw(output))
+        return self._run("all_gather_into", request, lambda: output, async_op, tensor, output)
+
     def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
         torch = _torch()
 
@@ -500,6 +509,27 @@ class MPICollective(Collective):
             return out.view(torch.bool) if tensor.dtype is torch.bool else out.to(tensor.dtype)
 
         return self._run("reduce_scatter", request, finish, async_op, work)
+
+    def reduce_scatter_into(
+        self, output: Any, tensor: Any, op: str = "sum", *, async_op: bool = False
+    ) -> Any:
+        comm = self._live("reduce_scatter_into")
+        self._check_tensor(tensor, "reduce_scatter_into")
+        self._check_tensor(output, "reduce_scatter_into")
+        size = comm.Get_size()
+        check_into(output, tensor, size, operation="reduce_scatter_into")
+        name, mpi_op = self._mpi_op(tensor, op)
+        work, _ = self._arith(tensor)  # MPI only reads it
+        target, back = self._arith(output)
+        request = comm.Ireduce_scatter_block(work.numpy(), target.view(-1).numpy(), mpi_op)
+
+        def finish() -> Any:
+            self._mean(target, name, size)
+            if back is not None:
+                back.copy_(target)
+            return output
+
+        return self._run("reduce_scatter_into", request, finish, async_op, work, target)
 
     def all_to_all(self, tensors: Sequence[Any], *, async_op: bool = False) -> Any:
         torch = _torch()

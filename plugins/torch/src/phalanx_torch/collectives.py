@@ -22,6 +22,7 @@ from phalanx_core import (
     NonMember,
     UnavailableError,
     Work,
+    check_into,
     check_one_per_rank,
     check_rank,
     check_reduce_op,
@@ -113,6 +114,11 @@ class SingleDeviceCollective(Collective):
     def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False) -> Any:
         return self._done([tensor.clone()], async_op)
 
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = False) -> Any:
+        check_into(output, tensor, 1, operation="all_gather_into")
+        output.view(-1).copy_(tensor.view(-1))
+        return self._done(output, async_op)
+
     def gather(self, tensor: torch.Tensor, dst: int = 0, *, async_op: bool = False) -> Any:
         check_rank(dst, 1, operation="gather", argument="dst")
         return self._done([tensor.clone()], async_op)
@@ -132,6 +138,14 @@ class SingleDeviceCollective(Collective):
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False) -> Any:
         self._op(tensor, op)
         return self._done(tensor.clone(), async_op)
+
+    def reduce_scatter_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False
+    ) -> Any:
+        check_into(output, tensor, 1, operation="reduce_scatter_into")
+        self._op(tensor, op)
+        output.view(-1).copy_(tensor.view(-1))
+        return self._done(output, async_op)
 
     def all_to_all(self, tensors: Sequence[torch.Tensor], *, async_op: bool = False) -> Any:
         check_one_per_rank(tensors, 1, operation="all_to_all")
@@ -225,6 +239,11 @@ class _TorchWork(Work):
 
     def is_completed(self) -> bool:
         return bool(self._work.is_completed()) and self._finish is None
+
+    def backend_work(self) -> Any:
+        """c10d's own work where nothing is left to do after it (no
+        ``"mean"`` division, no copy back)."""
+        return self._work if self._finish is None else None
 
     def on_done(self, callback: Callable[[], object]) -> bool:
         """``callback()`` from the thread that completes c10d's future
@@ -538,6 +557,16 @@ class TorchCollective(Collective):
             raise self._translate(exc, "all_gather") from exc
         return self._done(work, out, async_op, "all_gather")
 
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = False) -> Any:
+        check_into(output, tensor, self._world_size, operation="all_gather_into")
+        try:
+            # c10d splits the output along dimension 0 into the input's shape
+            stacked = output.view(_stacked(tensor.shape, self._world_size))
+            work = _all_gather_into(stacked, tensor, group=self._group, async_op=async_op)
+        except RuntimeError as exc:
+            raise self._translate(exc, "all_gather_into") from exc
+        return self._done(work, output, async_op, "all_gather_into")
+
     def gather(self, tensor: torch.Tensor, dst: int = 0, *, async_op: bool = False) -> Any:
         peer = self._peer(dst, "gather", "dst")
         out = [torch.empty_like(tensor) for _ in range(self._world_size)] if self._rank == dst else None
@@ -571,10 +600,23 @@ class TorchCollective(Collective):
                 f"reduce_scatter(): dimension 0 of the tensor ({tuple(tensor.shape)}) must be divisible "
                 f"by the group's size ({self._world_size})"
             )
-        reduce_op, source, _ = self._reduce(tensor, op)
         out = torch.empty(
             (tensor.shape[0] // self._world_size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
         )
+        return self._reduce_scatter_into(out, tensor, op, async_op, "reduce_scatter")
+
+    def reduce_scatter_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False
+    ) -> Any:
+        check_into(output, tensor, self._world_size, operation="reduce_scatter_into")
+        return self._reduce_scatter_into(output, tensor, op, async_op, "reduce_scatter_into")
+
+    def _reduce_scatter_into(
+        self, out: torch.Tensor, tensor: torch.Tensor, op: str, async_op: bool, operation: str
+    ) -> Any:
+        reduce_op, source, _ = self._reduce(tensor, op)
+        # c10d wants the input to be the outputs' shape stacked along dimension 0
+        source = source.view(_stacked(out.shape, self._world_size))
         target = out.view(torch.uint8) if tensor.dtype is torch.bool else out
         finish = None
         if check_reduce_op(op, self.reduce_ops) == "mean" and not (
@@ -585,8 +627,8 @@ class TorchCollective(Collective):
         try:
             work = _reduce_scatter(target, source, reduce_op, group=self._group, async_op=async_op)
         except RuntimeError as exc:
-            raise self._translate(exc, "reduce_scatter") from exc
-        return self._done(work, out, async_op, "reduce_scatter", finish)
+            raise self._translate(exc, operation) from exc
+        return self._done(work, out, async_op, operation, finish)
 
     def all_to_all(self, tensors: Sequence[torch.Tensor], *, async_op: bool = False) -> Any:
         check_one_per_rank(tensors, self._world_size, operation="all_to_all")
@@ -719,7 +761,15 @@ class TorchCollective(Collective):
 
 
 # torch 2.13 renamed reduce_scatter_tensor (now deprecated) to reduce_scatter_single.
+def _stacked(shape: Sequence[int], world_size: int) -> tuple[int, ...]:
+    """The shape of ``world_size`` tensors of ``shape`` stacked along
+    dimension 0, as c10d's flat all-gather and reduce-scatter want it."""
+    return (world_size * shape[0], *shape[1:]) if len(shape) else (world_size,)
+
+
+# torch 2.13 names them *_single (the old names warn); earlier torch, the old.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,

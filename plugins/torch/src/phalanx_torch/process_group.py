@@ -15,10 +15,18 @@ How a call maps onto the contract:
 * reductions take torch's ``ReduceOp`` by name (``SUM`` -> ``"sum"``,
   ``AVG`` -> ``"mean"``, ``MIN``, ``MAX``, ``PRODUCT``); ``PREMUL_SUM(f)``
   is a ``"sum"`` whose result is multiplied by ``f``. Bitwise ops refuse.
-* the contract's ``all_gather`` / ``reduce_scatter`` / ``all_to_all`` return
-  new tensors; torch gives the outputs. The results are copied into them
-  (one copy of the output's size per call: what a native "into this output"
-  operation in the contract would save).
+* torch's flat all-gathers and reduce-scatters (FSDP's, for every layer)
+  are the contract's ``all_gather_into`` / ``reduce_scatter_into``: the
+  collective writes into torch's buffer (a collective that does not
+  override them pays one copy, made by the contract's defaults). The list
+  forms (``allgather``, ``alltoall``) copy the contract's new tensors into
+  torch's outputs.
+* an operation that is one contract operation with nothing to do after it,
+  on a collective whose handle gives the backend's own work
+  (:meth:`phalanx_core.Work.backend_work`: the torch collective's, and any
+  collective built on it), returns that ``torch.distributed.Work`` itself:
+  DDP's reducer and FSDP then wait on c10d's future, as over torch's own
+  group.
 * ``all_to_all_single`` with split sizes: the contract's ``all_to_all``
   receives from each rank a tensor shaped as the one sent to it, so uneven
   splits are padded to the largest split of any rank, which costs one small
@@ -372,6 +380,18 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         handed to the thread only if someone asks for the future."""
         return self._completer.submit(finish, handles, eager=bool(getattr(opts, "asyncOp", True)))
 
+    @staticmethod
+    def _native(handles: Sequence[Any]) -> dist.Work | None:
+        """The c10d work of an operation made of one contract operation
+        with nothing to do after it, where the collective's handle gives it
+        (:meth:`~phalanx_core.Work.backend_work`): torch then waits on c10d
+        directly, as over its own group."""
+        if len(handles) != 1:
+            return None
+        backend_work = getattr(handles[0], "backend_work", None)
+        work = backend_work() if backend_work is not None else None
+        return work if isinstance(work, dist.Work) else None
+
     def _start_all(self, started: Sequence[_Started], opts: Any) -> _FutureWork:
         """:meth:`_start` of several operations, done when all are."""
         return self._start(lambda: [finish() for finish, _ in started], opts, [h for _, h in started])
@@ -402,6 +422,9 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         tensors_: list[torch.Tensor] = self._tensors(tensors)
         op, factor = self._op(opts)
         handles = [self._c.all_reduce(t, op, async_op=True) for t in tensors_]
+        native = self._native(handles) if factor is None else None
+        if native is not None:
+            return native
 
         def finish() -> list[torch.Tensor]:
             _wait(handles)
@@ -432,31 +455,28 @@ class CollectiveProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_into(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Started:
         op, factor = self._op(opts)
-        size = self._collective.world_size
-        if input.numel() != output.numel() * size:
-            raise MisconfigurationError(
-                f"reduce_scatter: the input has {input.numel()} elements, the output {output.numel()}; "
-                f"the input must have the output's times the group's size ({size})"
-            )
-        handle = self._c.reduce_scatter(input.reshape(size, -1), op, async_op=True)
+        handle = self._c.reduce_scatter_into(output, input, op, async_op=True)
 
         def finish() -> torch.Tensor:
-            output.view(-1).copy_(handle.wait().view(-1))
+            handle.wait()
             if factor is not None:
                 output.mul_(factor)
             return output
 
-        return finish, handle
+        return finish, (handle, factor)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        finish, handle = self._reduce_scatter_into(output, input, opts)
+        finish, (handle, factor) = self._reduce_scatter_into(output, input, opts)
+        native = self._native([handle]) if factor is None else None
+        if native is not None:
+            return native
         return self._start(lambda: [finish()], opts, [handle])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
         started = [self._reduce_scatter_into(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._start_all(started, opts)
+        return self._start_all([(finish, handle) for finish, (handle, _) in started], opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
@@ -466,29 +486,19 @@ class CollectiveProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_into(o, torch.stack(list(ins)), opts)
             for o, ins in zip(self._tensors(outputs), input_lists, strict=True)
         ]
-        return self._start_all(started, opts)
+        return self._start_all([(finish, handle) for finish, (handle, _) in started], opts)
 
     # -- gathers -------------------------------------------------------------
 
     def _all_gather_into(self, output: torch.Tensor, input: torch.Tensor) -> _Started:
-        size = self._collective.world_size
-        if output.numel() != input.numel() * size:
-            raise MisconfigurationError(
-                f"all_gather: the output has {output.numel()} elements, the input {input.numel()}; "
-                f"the output must have the input's times the group's size ({size})"
-            )
-        handle = self._c.all_gather(input, async_op=True)
-
-        def finish() -> torch.Tensor:
-            chunks = output.view(size, -1)
-            for chunk, part in zip(chunks, handle.wait(), strict=True):
-                chunk.copy_(part.reshape(-1))
-            return output
-
-        return finish, handle
+        handle = self._c.all_gather_into(output, input, async_op=True)
+        return (lambda: (handle.wait(), output)[1]), handle
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         finish, handle = self._all_gather_into(output, input)
+        native = self._native([handle])
+        if native is not None:
+            return native
         return self._start(lambda: [finish()], opts, [handle])
 
     _allgather_base = all_gather_single
@@ -549,6 +559,9 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         tensors = self._tensors(tensors)
         root = getattr(opts, "rootRank", 0)
         handles = [self._c.broadcast(t, root, async_op=True) for t in tensors]
+        native = self._native(handles)
+        if native is not None:
+            return native
         return self._start(lambda: (_wait(handles), tensors)[1], opts, handles)
 
     # -- all to all ----------------------------------------------------------

@@ -137,10 +137,12 @@ class DDPStrategy(TorchGroupStrategy):
 
     The same class serves ``ddp`` (subprocess launcher), ``ddp_spawn``,
     ``ddp_fork`` and ``ddp_notebook``: only the launcher differs. Every
-    collective call the strategy makes goes through its collective; DDP's
-    own gradient reduction uses torch's default process group, which the
-    strategy makes from the environment when the collective is not the torch
-    one (``resolve("ddp", collective="mpi")``) and no group exists yet.
+    byte goes through the strategy's collective: its own calls, and DDP's
+    (the module's state at set-up, every gradient bucket), DDP's
+    ``process_group`` being the collective's c10d group (the torch
+    collective) or the collective as a process group
+    (:class:`~phalanx_torch.process_group.CollectiveProcessGroup`: mpi,
+    horovod, a third party's).
 
     Options (given to :func:`phalanx.resolve` as keywords) are
     DistributedDataParallel's: ``find_unused_parameters``, ``static_graph``,
