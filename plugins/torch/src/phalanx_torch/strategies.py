@@ -141,7 +141,7 @@ class DDPStrategy(TorchGroupStrategy):
     (the module's state at set-up, every gradient bucket), DDP's
     ``process_group`` being the collective's c10d group (the torch
     collective) or the collective as a process group
-    (:class:`~phalanx_torch.process_group.CollectiveProcessGroup`: mpi,
+    (``phalanx_torch.process_group.CollectiveProcessGroup``: mpi,
     horovod, a third party's).
 
     Options (given to :func:`phalanx.resolve` as keywords) are
