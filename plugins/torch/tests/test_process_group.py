@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 import phalanx
-from phalanx_core import MisconfigurationError
+from phalanx_core import MisconfigurationError, Work
 from phalanx_torch.process_group import CollectiveProcessGroup
 
 pytestmark = pytest.mark.subprocess
@@ -116,6 +116,68 @@ def test_ddp_over_the_collective_trains_as_ddp_over_torchs_group():
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
         assert carried["all_reduce"] >= STEPS * gradients  # every bucket went through the collective
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+
+
+class _Quiet(Work):
+    """A handle that can neither notify nor give c10d's work: as mpi's and
+    horovod's, whose operations someone must wait for."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def wait(self):
+        return self._inner.wait()
+
+    def is_completed(self):
+        return self._inner.is_completed()
+
+
+class Quiet(Counting):
+    def __getattr__(self, name):
+        attr = super().__getattr__(name)
+        if name not in self.OPS:
+            return attr
+
+        def quiet(*args, **kwargs):
+            result = attr(*args, **kwargs)
+            return _Quiet(result) if isinstance(result, Work) else result
+
+        return quiet
+
+
+def ddp_over_quiet_handles(strategy, overlap):
+    import threading
+
+    rank = strategy.global_rank
+    counting = Quiet(strategy.collective)
+    pg = CollectiveProcessGroup(counting, overlap=overlap).register()
+    ours = nn.parallel.DistributedDataParallel(make_model(seed=rank), process_group=pg)
+    train(ours, rank=rank)
+    threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("phalanx-pg-"))
+    theirs = nn.parallel.DistributedDataParallel(make_model(seed=0))
+    train(theirs, rank=rank)
+    pg.unregister()
+    left = [t.name for t in threading.enumerate() if t.name.startswith("phalanx-pg-")]
+    return (
+        flat_params(ours.module),
+        flat_params(theirs.module),
+        dict(counting.bytes),
+        grad_bytes(ours),
+        threads,
+        left,
+    )
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_ddp_over_handles_that_cannot_notify_completes_in_the_call_or_in_the_groups_thread(overlap):
+    for ours, theirs, carried, gradients, threads, left in launch(
+        functools.partial(ddp_over_quiet_handles, overlap=overlap)
+    ):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+        assert carried["all_reduce"] >= STEPS * gradients
+        # overlap: one thread of the group's waits on the handles; else none
+        assert len(threads) == (1 if overlap else 0), threads
+        assert left == []  # unregister stopped it
 
 
 def ddp_unused_and_no_sync(strategy):
