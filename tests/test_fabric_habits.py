@@ -81,3 +81,22 @@ def test_the_strategy_before_launch_says_to_launch_first(call):
     strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2)
     with pytest.raises(MisconfigurationError, match=r"before the strategy was set up.*strategy\.launch\(fn"):
         call(strategy)
+
+
+def test_launch_without_a_function_sets_up_one_process_in_place_once():
+    strategy = phalanx.resolve("single_device", accelerator="cpu")
+    assert strategy.launch() is None
+    assert strategy.collective.is_initialized and strategy.world_size == 1
+    with pytest.raises(MisconfigurationError, match=r"launch\(\) was called already in this process"):
+        strategy.launch()
+    strategy._teardown_at_exit()
+    with pytest.raises(MisconfigurationError, match=r"got arguments but no function"):
+        strategy.launch(None, 1)
+
+
+def test_a_call_that_needs_the_group_before_launch_says_to_call_launch():
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2)
+    with pytest.raises(MisconfigurationError, match=r"call strategy.launch\(\) first \(in a flat script\)"):
+        strategy.setup(torch.nn.Linear(2, 2))
+    with pytest.raises(MisconfigurationError, match=r"Call strategy.launch\(\) first"):
+        strategy.barrier()

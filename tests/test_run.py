@@ -162,3 +162,55 @@ def test_a_missing_script_is_refused_before_any_rank_starts():
     assert done.returncode == 1
     assert done.stderr.startswith("phalanx run: error: no script at 'no_such_script.py' (from ")
     assert "[rank" not in done.stderr
+
+
+def test_strategy_options_on_the_command_line_reach_resolve_and_the_script_reads_the_plan():
+    done = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2",
+        "--option", "find_unused_parameters=True", "-o", "bucket_cap_mb=5",
+        str(SCRIPTS / "options.py"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wanted = "plan=ddp options={'find_unused_parameters': True, 'bucket_cap_mb': 5}"
+    lines = sorted(line for line in done.stdout.splitlines() if "plan=" in line)
+    assert [line.split(": ", 1)[1].split(" flags=")[0] for line in lines] == [
+        f"rank=0 {wanted}",
+        f"rank=1 {wanted}",
+    ]
+    assert lines[0].endswith("flags={'find_unused_parameters': True, 'bucket_cap_mb': 5}")
+
+
+def test_an_option_given_in_code_and_on_the_command_line_must_agree():
+    same = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--option", "static_graph=true",
+        str(SCRIPTS / "options.py"), "static_graph=True",
+    )  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    differ = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--option", "static_graph=true",
+        str(SCRIPTS / "options.py"), "static_graph=False",
+    )  # fmt: skip
+    assert differ.returncode == 1
+    assert (
+        "`phalanx run --option static_graph=True` and resolve(static_graph=False) in the script disagree"
+        in differ.stdout + differ.stderr
+    )
+
+
+def test_bad_options_are_refused_before_any_rank_starts():
+    done = run("--strategy", "ddp", "--option", "find_unused=True", str(SCRIPTS / "options.py"))
+    assert done.returncode == 1
+    assert "option find_unused=True is taken by no part of this plan" in done.stderr
+    assert "find_unused_parameters" in done.stderr  # the names that exist
+    done = run("--strategy", "ddp", "--option", "find_unused_parameters", str(SCRIPTS / "options.py"))
+    assert done.returncode == 2
+    assert "write an option as NAME=VALUE" in done.stderr
+    done = run("--strategy", "ddp", "-o", "timeout=5", "-o", "timeout=6", str(SCRIPTS / "options.py"))
+    assert done.returncode == 1 and "--option timeout is given twice, as 5 and 6" in done.stderr
+
+
+def test_outside_phalanx_run_there_are_no_run_flags_and_the_plan_is_the_code_s():
+    assert phalanx.run_flags() == {}
+    strategy = phalanx.resolve("single_device", accelerator="cpu", deterministic=True)
+    assert strategy.plan.strategy.name == "single_device"
+    assert dict(strategy.plan.options) == {"deterministic": True}

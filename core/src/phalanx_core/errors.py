@@ -115,3 +115,19 @@ class WorkerFailedError(PhalanxError, RuntimeError):
         self.exitcode = exitcode
         self.signal = signal
         self.traceback = traceback
+
+    def first_failure(self) -> str:
+        """Which rank failed first and where its story is, for output whose
+        every line a rank wrote is marked ``[rankN]:`` (``phalanx run``, a
+        script that ``launch()`` re-ran)."""
+        where = f"the lines above marked [rank{self.rank}]"
+        if self.traceback:
+            return f"rank {self.rank} raised first; its traceback is in {where}"
+        if self.signal:
+            return f"rank {self.rank} was killed by {self.signal} first; its output is in {where}"
+        return f"rank {self.rank} exited with code {self.exitcode} first; its output is in {where}"
+
+    @property
+    def exit_status(self) -> int:
+        """The status to exit with: the rank's exit code, or 1."""
+        return self.exitcode if isinstance(self.exitcode, int) and self.exitcode > 0 else 1

@@ -79,6 +79,16 @@ class Launcher(ABC):
         the script says yes inside its own ranks, where it runs there."""
         return not cls.creates_processes
 
+    def runs_in_place(self) -> bool:
+        """Whether this process is already one rank of the job (started by
+        ``phalanx run``, torchrun, srun, mpirun, or this launcher's own
+        re-run of the script), where :meth:`launch` runs ``fn`` here.
+        ``strategy.launch()`` with no function sets the rank up where this
+        is true, and otherwise starts the ranks with :meth:`run_script`.
+        The default: a launcher that creates no processes always runs in
+        place, one that does never."""
+        return not self.creates_processes
+
     @abstractmethod
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the list of

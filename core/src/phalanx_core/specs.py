@@ -14,7 +14,6 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 __all__ = [
@@ -46,8 +45,26 @@ class Kind(str, enum.Enum):
         return self.value
 
 
+class _Frozen(dict):  # type: ignore[type-arg]
+    """A spec's options: a dict that refuses changes and pickles (a
+    strategy built from a plan crosses to spawned ranks with it; a
+    ``MappingProxyType`` cannot be pickled)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a spec's options are read-only; make a new spec with other options")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Frozen, (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=repr)))
+
+
 def _freeze(options: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(options))
+    return _Frozen(options)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,12 +13,13 @@ Core never imports torch at import time; the few methods that need it
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast, overload
 
 from .checkpoint import (
     CheckpointIO,
@@ -28,19 +29,34 @@ from .checkpoint import (
     check_module_shapes,
 )
 from .collective import OPERATIONS
-from .errors import MisconfigurationError
+from .errors import MisconfigurationError, WorkerFailedError
 from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds
+from .launcher import Launcher
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .collective import Collective, Tensor
     from .environment import ClusterEnvironment
-    from .launcher import Launcher
     from .precision import Precision
 
 __all__ = ["Strategy"]
 
 T = TypeVar("T")
+
+
+def _this_script() -> list[str] | None:
+    """What follows ``python`` to run this process's main program again
+    (its script or ``-m module``, then its arguments); ``None`` where there
+    is no such program (a notebook, a REPL, ``python -c``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+        name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return ["-m", name, *sys.argv[1:]]
+    path = getattr(main, "__file__", None)
+    if not path or not os.path.isfile(path) or hasattr(sys, "ps1"):
+        return None
+    return [path, *sys.argv[1:]]
 
 
 def _run_rank(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -118,6 +134,11 @@ class Strategy:
     traffic: ClassVar[frozenset[str]] = frozenset()
 
     _hang_watch: HangWatch | None = None
+    _launched_here: bool = False  # set up by launch() with no function
+    #: The registry's plan this strategy was built from (``phalanx.Plan``:
+    #: ``plan.strategy.name``, each part's name and why it was chosen,
+    #: ``plan.options`` as given); ``None`` for a strategy built by hand.
+    plan: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -212,12 +233,89 @@ class Strategy:
 
     # -- life cycle ---------------------------------------------------------
 
-    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+    @overload
+    def launch(self) -> None: ...
+
+    @overload
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]: ...
+
+    def launch(self, fn: Callable[..., T] | None = None, *args: Any, **kwargs: Any) -> list[T] | None:
         """Run ``fn(strategy, *args, **kwargs)`` on every rank through the
         launcher; return every rank's result, indexed by global rank (see
         :class:`~phalanx_core.Launcher`). The strategy is set up before
-        ``fn`` runs and torn down after."""
+        ``fn`` runs and torn down after.
+
+        With no function (a flat script, as torchrun scripts are written:
+        set up, then the loop), ``launch()`` makes this process a rank:
+
+        - where the processes exist already (``phalanx run``, torchrun,
+          srun, mpirun, horovodrun, one process alone), it sets this rank
+          up (its device, the collective's group) and returns ``None``;
+          the rest of the script is the rank's program, and the strategy is
+          torn down when the interpreter exits;
+        - where the launcher starts them (``python train.py`` with
+          ``ddp``, ``ddp_spawn``, ``mpi``, ``horovod``), it runs this script
+          again as every rank's program, as ``phalanx run`` does (each
+          output line prefixed ``[rankN]:``; there ``launch()`` sets the
+          rank up), waits for them, and ends this process (``SystemExit(0)``)
+          once every rank has finished: the code after ``launch()`` runs in
+          the ranks only. When a rank fails, the others are stopped, and
+          this process says which failed first (its traceback is in the
+          lines marked with its rank) and exits with its code, as
+          ``phalanx run`` does. A launcher that cannot run a script
+          (``xla``), or a session with no script (a notebook), is refused:
+          give ``launch`` a function there.
+        """
+        if fn is None:
+            if args or kwargs:
+                raise MisconfigurationError(
+                    "strategy.launch() got arguments but no function; pass the function first "
+                    "(strategy.launch(main, *args)), or call launch() alone in a flat script"
+                )
+            self._launch_here()
+            return None
         return self.launcher.launch(_run_rank, self, fn, args, kwargs)
+
+    def _launch_here(self) -> None:
+        """``launch()`` with no function (see :meth:`launch`)."""
+        if self._launched_here:
+            raise MisconfigurationError(
+                "strategy.launch() was called already in this process: this rank is set up; call it "
+                "once per script"
+            )
+        launcher = self.launcher
+        if launcher.runs_in_place():
+            self.setup_environment()
+            self._launched_here = True
+            atexit.register(self._teardown_at_exit)
+            return
+        name = getattr(launcher, "name", None) or type(launcher).__name__
+        command = _this_script()
+        if command is None or type(launcher).run_script is Launcher.run_script:
+            why = (
+                "this session runs no script file (a notebook, a REPL, python -c)"
+                if command is None
+                else f"launcher {name!r} runs functions, not scripts"
+            )
+            raise MisconfigurationError(
+                f"strategy.launch() with no function makes this process a rank, but no process of the "
+                f"job exists yet and {why}. Put the training code in a function and call "
+                "strategy.launch(main), or start the script with `phalanx run` (or torchrun, srun, "
+                "mpirun), where launch() sets up the rank the command started"
+            )
+        try:
+            launcher.run_script(command)
+        except WorkerFailedError as exc:
+            # The ranks' own output, their tracebacks included, is above,
+            # each line marked with its rank: say which failed, once.
+            sys.stderr.write(f"strategy.launch(): {exc.first_failure()}. The other ranks were stopped.\n")
+            raise SystemExit(exc.exit_status) from None
+        raise SystemExit(0)
+
+    def _teardown_at_exit(self) -> None:
+        if self._launched_here:
+            self._launched_here = False
+            self.teardown()
 
     def setup_environment(self) -> None:
         """Prepare this rank: deterministic algorithms where asked for, its
@@ -487,9 +585,9 @@ class Strategy:
         if not self.collective.is_initialized:
             raise MisconfigurationError(
                 f"strategy.{operation}() before the strategy was set up: its collective "
-                f"({type(self.collective).__name__}) has no group yet. Call it inside "
-                "strategy.launch(fn, ...), in fn (which gets the strategy), or after "
-                "strategy.setup_environment() in processes torchrun, srun or mpirun started"
+                f"({type(self.collective).__name__}) has no group yet. Call strategy.launch() "
+                "first (in a flat script: it sets this rank up, or starts the ranks), or call it "
+                "inside strategy.launch(fn, ...), in fn (which gets the strategy)"
             ) from None
 
     def barrier(self) -> None:

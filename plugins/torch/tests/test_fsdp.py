@@ -484,3 +484,119 @@ def test_options_and_precisions_train(options, param_dtype, out_dtype):
     for first, last, params, out in fsdp(**options).launch(train_with):
         assert (params, out) == (param_dtype, out_dtype)
         assert last < 0.5 * first
+
+
+# -- tied weights, every way a checkpoint crosses strategies ---------------------------------
+
+
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight, as GPTs tie them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.mid = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(torch.relu(self.mid(self.emb(idx))))
+
+
+def _tied_step(strategy, model, optimizer, step):
+    g = torch.Generator().manual_seed(10 * step + strategy.global_rank)
+    idx = torch.randint(0, 8, (6,), generator=g)
+    optimizer.zero_grad()
+    strategy.backward(nn.functional.cross_entropy(model(idx), idx))
+    strategy.optimizer_step(optimizer)
+
+
+def _tied_state(strategy, model, optimizer):
+    """Every parameter and its AdamW moments by (first) name, whole."""
+    names = [name for name, _ in strategy.unwrap_module(model).named_parameters()]
+    state = optimizer.state_dict()["state"]
+    params = {name: full(p) for name, p in strategy.unwrap_module(model).named_parameters()}
+    moments = {names[i]: (full(s["exp_avg"]), full(s["exp_avg_sq"])) for i, s in state.items()}
+    return params, moments
+
+
+def tied_save(strategy, path):
+    torch.manual_seed(0)
+    model, optimizer = strategy.setup(Tied(), functools.partial(torch.optim.AdamW, lr=0.05))
+    for step in range(2):
+        _tied_step(strategy, model, optimizer, step)
+    strategy.save_checkpoint(path, {"model": model, "optimizer": optimizer})
+    return _tied_state(strategy, model, optimizer)
+
+
+def tied_load(strategy, path):
+    torch.manual_seed(1)
+    model, optimizer = strategy.setup(Tied(), functools.partial(torch.optim.AdamW, lr=0.05))
+    strategy.load_checkpoint(path, {"model": model, "optimizer": optimizer})
+    loaded = _tied_state(strategy, model, optimizer)
+    _tied_step(strategy, model, optimizer, 2)  # and it trains on
+    return loaded
+
+
+TIED_SAVERS = {
+    "fsdp-full": lambda: fsdp(state_dict_type="full"),
+    "fsdp-sharded": lambda: fsdp(),
+    "ddp": lambda: phalanx.resolve("ddp_fork", accelerator="cpu", devices=2, timeout=TIMEOUT),
+    "single_device": lambda: phalanx.resolve("single_device", accelerator="cpu"),
+}
+
+
+@pytest.mark.parametrize(
+    ("saver", "loader"),
+    [
+        ("fsdp-full", "fsdp-full"),
+        ("fsdp-sharded", "fsdp-sharded"),
+        ("fsdp-full", "single_device"),
+        ("fsdp-full", "ddp"),
+        ("single_device", "fsdp-full"),
+        ("ddp", "fsdp-full"),
+    ],
+)
+def test_a_model_with_tied_weights_resumes_across_strategies(saver, loader, tmp_path):
+    path = str(tmp_path / ("ckpt" if saver == "fsdp-sharded" else "ckpt.pt"))
+    params, moments = TIED_SAVERS[saver]().launch(tied_save, path)[0]
+    assert "head.weight" not in params  # the tie: named once, by its first name
+    for loaded_params, loaded_moments in TIED_SAVERS[loader]().launch(tied_load, path):
+        assert loaded_params.keys() == params.keys()
+        for name in params:
+            torch.testing.assert_close(loaded_params[name], params[name], rtol=0, atol=0)
+        assert loaded_moments.keys() == moments.keys()
+        for name, (avg, avg_sq) in moments.items():
+            torch.testing.assert_close(loaded_moments[name][0], avg, rtol=0, atol=0)
+            torch.testing.assert_close(loaded_moments[name][1], avg_sq, rtol=0, atol=0)
+
+
+def different_seeds(strategy):
+    torch.manual_seed(strategy.global_rank)  # each rank makes its own initial weights
+    model = strategy.setup(make_model(seed=strategy.global_rank))
+    return {name: full(p) for name, p in model.named_parameters()}
+
+
+def test_every_rank_starts_from_rank_0s_initial_weights():
+    zero = {name: p.detach() for name, p in make_model(seed=0).named_parameters()}
+    for params in fsdp().launch(different_seeds):
+        assert params.keys() == zero.keys()
+        for name in zero:
+            torch.testing.assert_close(params[name], zero[name], rtol=0, atol=0)
+
+
+def save_after_evaluation(strategy, path):
+    model, optimizer = strategy.setup(make_model(), functools.partial(torch.optim.AdamW, lr=0.01))
+    train(strategy, model, optimizer, 1, *my_half(strategy, *data()))
+    with torch.no_grad():
+        model(data()[0])  # a forward pass without backward: the root keeps its whole parameters
+    strategy.save_checkpoint(path, {"model": model, "optimizer": optimizer})
+    fresh, fresh_optimizer = strategy.setup(make_model(seed=1), functools.partial(torch.optim.AdamW, lr=0.01))
+    strategy.load_checkpoint(path, {"model": fresh, "optimizer": fresh_optimizer})
+    return all(torch.equal(full(a), full(b)) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_a_save_after_an_evaluation_pass_works(kind, tmp_path):
+    path = str(tmp_path / ("ckpt.pt" if kind == "full" else "ckpt"))
+    assert fsdp(state_dict_type=kind).launch(save_after_evaluation, path) == [True, True]

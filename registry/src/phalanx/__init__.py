@@ -50,6 +50,7 @@ __all__ = [
     "default_registry",
     "plan",
     "resolve",
+    "run_flags",
     "under_run",
 ]
 
@@ -75,6 +76,21 @@ def under_run() -> bool:
     from ._resolve import RUN_FLAGS_VAR
 
     return bool(os.environ.get(RUN_FLAGS_VAR))
+
+
+def run_flags() -> dict[str, Any]:
+    """The flags ``phalanx run`` was given (``strategy``, ``accelerator``,
+    ``devices``, ``num_nodes``, ``precision``, ``collective``, and
+    ``options`` from ``--option``), as :func:`resolve` in this process
+    takes them; empty outside ``phalanx run``. What was built from them is
+    ``strategy.plan``."""
+    import json
+    import os
+
+    from ._resolve import RUN_FLAGS_VAR
+
+    raw = os.environ.get(RUN_FLAGS_VAR)
+    return dict(json.loads(raw)) if raw else {}
 
 
 def plan(strategy: Any = "auto", **flags: Any) -> Plan:

@@ -257,13 +257,29 @@ def _with_run_flags(registry: Registry, flags: dict[str, Any]) -> dict[str, Any]
             f"{RUN_FLAGS_VAR}={raw!r} is not the JSON `phalanx run` writes ({exc}); unset it"
         ) from exc
     if isinstance(flags["strategy"], Strategy) and given:
-        shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items())
+        shown = " ".join(
+            " ".join(f"--option {n}={v!r}" for n, v in v.items())
+            if k == "options"
+            else f"--{k.replace('_', '-')} {v}"
+            for k, v in given.items()
+        )
         raise MisconfigurationError(
             f"`phalanx run {shown}` chose the strategy's parts, and the script passes a ready "
             f"{type(flags['strategy']).__name__} instance to resolve(); call phalanx.resolve() "
             "without it, or drop the flags from phalanx run"
         )
     merged = dict(flags)
+    options = given.pop("options", None) or {}
+    if options:
+        merged["options"] = dict(flags["options"])
+        for name, value in options.items():
+            if name not in flags["options"]:
+                merged["options"][name] = value
+            elif flags["options"][name] != value:
+                raise MisconfigurationError(
+                    f"`phalanx run --option {name}={value!r}` and resolve({name}={flags['options'][name]!r}) "
+                    f"in the script disagree; give {name} in one place (the command line, or the code)"
+                )
     for name, value in given.items():
         code = flags.get(name, _DEFAULTS.get(name))
         if code is None or (name in _DEFAULTS and _same(registry, name, code, _DEFAULTS[name])):
@@ -754,4 +770,5 @@ def build(registry: Registry, plan: Plan) -> Strategy:
         parallel_devices=parallel_devices,
         num_nodes=plan.num_nodes,
     )
+    strategy.plan = plan
     return strategy

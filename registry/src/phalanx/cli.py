@@ -145,6 +145,40 @@ def _devices(value: str) -> Any:
     return value
 
 
+def _option(text: str) -> tuple[str, Any]:
+    """``--option NAME=VALUE``: the value as a Python literal (``True``,
+    ``3``, ``0.5``, ``'full'``, ``[1, 2]``; ``true`` / ``false`` / ``none``
+    as JSON writes them), else the text itself."""
+    import ast
+
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write an option as NAME=VALUE, e.g. --option find_unused_parameters=True"
+        )
+    lowered = raw.strip().lower()
+    if lowered in {"true", "false", "none", "null"}:
+        return name, {"true": True, "false": False}.get(lowered)
+    try:
+        return name, ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        return name, raw
+
+
+def _options(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for name, value in pairs or ():
+        if name in options and options[name] != value:
+            from phalanx_core.errors import MisconfigurationError
+
+            raise MisconfigurationError(
+                f"--option {name} is given twice, as {options[name]!r} and {value!r}; give it once"
+            )
+        options[name] = value
+    return options
+
+
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     registry = Registry()
     plan = registry.plan(
@@ -156,6 +190,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         collective=args.collective,
         launcher=args.launcher,
         environment=args.environment,
+        **_options(args.option),
     )
     if not args.plan_only:
         # Every check resolve() runs: the parts' constructors (the backend
@@ -212,7 +247,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             f"no script at {args.script!r} (from {os.getcwd()}); give the path of a Python file, "
             "or -m MODULE for a module"
         )
-    given = {name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None}
+    given: dict[str, Any] = {
+        name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None
+    }
+    options = _options(args.option)
+    if options:
+        given["options"] = options
     for var, value in (
         ("NODE_RANK", args.node_rank),
         ("MASTER_ADDR", args.main_address),
@@ -241,15 +281,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         launcher.run_script(command)
     except WorkerFailedError as exc:
-        where = f"the lines above marked [rank{exc.rank}]"
-        if exc.traceback:
-            what = f"rank {exc.rank} raised first; its traceback is in {where}"
-        elif exc.signal:
-            what = f"rank {exc.rank} was killed by {exc.signal} first; its output is in {where}"
-        else:
-            what = f"rank {exc.rank} exited with code {exc.exitcode} first; its output is in {where}"
-        print(f"phalanx run: {what}. The other ranks were stopped.", file=sys.stderr)
-        return exc.exitcode if isinstance(exc.exitcode, int) and exc.exitcode > 0 else 1
+        print(f"phalanx run: {exc.first_failure()}. The other ranks were stopped.", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt:
         print("phalanx run: interrupted (SIGINT); every rank was stopped.", file=sys.stderr)
         return 130
@@ -277,6 +310,12 @@ def _version() -> str:
     return __version__
 
 
+_OPTION_HELP = (
+    "an option of a part, as resolve() takes it (repeatable): --option find_unused_parameters=True "
+    "--option timeout=600; the value is a Python literal, else text"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phalanx", description="Names to composed distributed-training strategies."
@@ -302,6 +341,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective")
     p.add_argument("--launcher")
     p.add_argument("--environment")
+    p.add_argument("-o", "--option", type=_option, action="append", metavar="NAME=VALUE", help=_OPTION_HELP)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.add_argument(
         "--plan-only",
@@ -327,6 +367,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", help="a precision name (default: '32-true')")
     p.add_argument("--collective", help="a collective name (default: the strategy's)")
     p.add_argument("--launcher", help="a launcher name (default: the strategy's)")
+    p.add_argument("-o", "--option", type=_option, action="append", metavar="NAME=VALUE", help=_OPTION_HELP)
     p.add_argument(
         "--hang-report",
         type=float,

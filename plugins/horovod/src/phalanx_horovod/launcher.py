@@ -110,6 +110,10 @@ class HorovodLauncher(Launcher):
         """Yes under ``horovodrun``: ``fn`` runs in the ranks it started."""
         return issubclass(environment, HorovodEnvironment)
 
+    def runs_in_place(self) -> bool:
+        """In a rank horovodrun (or this launcher) started."""
+        return bool(self._in_place)
+
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if self._in_place:
             return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]

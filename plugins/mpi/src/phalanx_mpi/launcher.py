@@ -125,8 +125,12 @@ class MPIRunLauncher(Launcher):
             command.append("--tag-output")
         return [*command, *self.mpirun_args, *program]
 
+    def runs_in_place(self) -> bool:
+        """In a rank mpirun started."""
+        return bool(os.environ.get("OMPI_COMM_WORLD_SIZE"))
+
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
-        if os.environ.get("OMPI_COMM_WORLD_SIZE"):  # a rank mpirun started: run here
+        if self.runs_in_place():  # a rank mpirun started: run here
             return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
         import torch.distributed as dist
 

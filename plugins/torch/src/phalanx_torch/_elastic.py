@@ -24,7 +24,7 @@ from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
-from ._listen import LOOPBACK, gloo_variables, hosted_store, listen_address
+from ._listen import LOOPBACK, gloo_variables, hosted_store, listen_address, one_thread
 from ._ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
@@ -152,6 +152,10 @@ class SubprocessLauncher(Launcher):
         ``launch()`` runs ``fn`` in place; no under any other scheduler."""
         return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
 
+    def runs_in_place(self) -> bool:
+        """In a torch elastic rank (this launcher's re-run, or torchrun's)."""
+        return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         index = next(_LAUNCHES)
         if os.environ.get("TORCHELASTIC_RUN_ID"):
@@ -208,7 +212,7 @@ class SubprocessLauncher(Launcher):
             newer["shutdown_timeout"] = STOP_GRACE
         rendezvous = self._rendezvous()
         gloo = gloo_variables(rendezvous.pop("listen"))
-        variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo}
+        variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
         config = LaunchConfig(
             min_nodes=self.num_nodes,
             max_nodes=self.num_nodes,

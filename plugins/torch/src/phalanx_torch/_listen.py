@@ -101,6 +101,17 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def one_thread(num_processes: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS=1`` for the ranks where several share this machine
+    and the user set no thread count, as torchrun does: ranks that each
+    start a thread per core slow each other down, and a port of a torchrun
+    script computes with the thread count it had there (kernels that split
+    a reduction among threads round it differently)."""
+    if num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
+
+
 def gloo_variables(address: str) -> dict[str, str]:
     """``GLOO_SOCKET_IFNAME`` for ranks whose gloo should listen on
     ``address``'s interface; nothing when the user set it, or when the

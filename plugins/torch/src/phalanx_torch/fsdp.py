@@ -48,6 +48,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
+from torch.distributed.utils import _sync_module_states
 
 from phalanx_core import MisconfigurationError, check_module_keys
 from phalanx_core.checkpoint import check_module_shapes, fsync_directory, torch_save_damage
@@ -64,6 +65,8 @@ STATE_DICT_TYPES = {
 
 #: The file every torch.distributed.checkpoint directory has.
 _DCP_METADATA = ".metadata"
+#: Bytes per broadcast of the initial weights (DDP's default bucket).
+_BROADCAST_BUCKET = 250 * 1024 * 1024
 
 
 class FSDPStrategy(TorchGroupStrategy):
@@ -219,6 +222,13 @@ class FSDPStrategy(TorchGroupStrategy):
         }
         if self.mp_policy is not None:
             options["mp_policy"] = self.mp_policy
+        if not on_meta:
+            # Every rank starts from rank 0's weights, as under DDP (ranks
+            # that seed differently would otherwise start from a mix of
+            # shards of each rank's own): DDP's own broadcast, in buckets,
+            # through the strategy's group. Meta-device models are made
+            # alike on every rank by _materialise instead.
+            _sync_module_states(module, self._process_group, _BROADCAST_BUCKET, 0, ())
         # Pre-order reversed: every submodule comes before its ancestors.
         for _, submodule in reversed(list(module.named_modules())):
             if submodule is not module and self._should_shard(submodule):
@@ -581,6 +591,14 @@ class FSDPStrategy(TorchGroupStrategy):
         """``state`` as its modules, its optimizers (each with the module of
         ``state`` whose parameters it optimizes) and the rest."""
         modules = {key: value for key, value in state.items() if isinstance(value, nn.Module)}
+        for module in modules.values():
+            # A forward pass without backward (evaluation) leaves the root,
+            # which does not reshard after forward, holding its whole
+            # parameters in place of the shards the optimizer steps: shard
+            # them again first, as the next backward would.
+            for unit in module.modules():
+                if isinstance(unit, FSDPModule):
+                    unit.reshard()
         optimizers: dict[str, tuple[torch.optim.Optimizer, nn.Module]] = {}
         others: dict[str, Any] = {}
         for key, value in state.items():
@@ -795,7 +813,11 @@ def _optimizer_state_by_name(state: dict[str, Any], optimizer: Any, module: nn.M
     groups = state["param_groups"]
     if all(isinstance(i, str) for group in groups for i in group["params"]):
         return state
-    names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
+    # A tied parameter (a GPT's embedding and output layer) is named by its
+    # first name, as named_parameters() and torch's checkpoint functions name it.
+    names: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
     by_index = {
         i: names[id(p)]
         for saved, group in zip(groups, optimizer.param_groups, strict=True)

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
 from ._elastic import SubprocessLauncher
-from ._listen import LOOPBACK, gloo_variables, hosted_store
+from ._listen import LOOPBACK, gloo_variables, hosted_store, one_thread
 from ._ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
@@ -214,6 +214,7 @@ class MultiprocessingLauncher(Launcher):
             "MASTER_PORT": str(store.port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             **gloo_variables(LOOPBACK),
+            **one_thread(size),
         }
         procs: list[BaseProcess] = []
         conns: list[Connection] = []
@@ -275,7 +276,7 @@ def _mp_rank(
     _die_with(parent)
     conn.send_bytes(_STARTED)  # past spawn's import of the main script
     os.environ.update(env)
-    if start_method == "fork":
+    if start_method == "fork" or env.get("OMP_NUM_THREADS") == "1":
         # libgomp (torch's OpenMP) cannot run a parallel region in a child
         # forked after the parent ran one: the child's first parallel matmul
         # never returns (seen with bf16 autocast in the parent). One thread

@@ -99,8 +99,9 @@ class TorchGroupStrategy(Strategy):
     def _require_group(self, name: str, call: str) -> None:
         if self._process_group is None:
             raise MisconfigurationError(
-                f"strategy {name!r}: {call} runs inside strategy.launch(fn, ...), after the process "
-                "group is made; call it from fn"
+                f"strategy {name!r}: {call} needs the process group, which strategy.launch() makes: "
+                "call strategy.launch() first (in a flat script), or call this from fn in "
+                "strategy.launch(fn, ...)"
             )
 
     def unwrap_module(self, module: Any) -> Any:
