@@ -127,3 +127,32 @@ def test_a_failing_rank_of_a_re_run_script_is_named_once_and_sets_the_exit_code(
         "strategy.launch(): rank 1 raised first; its traceback is in the lines above marked [rank1]" in output
     )
     assert "ChildFailedError" not in output and "WorkerFailedError" not in output
+
+
+def test_a_save_on_rank_0_only_is_reported_at_once_naming_the_calls_every_rank_makes(tmp_path):
+    script = tmp_path / "rank0_save.py"
+    script.write_text(
+        "import torch\n"
+        "import phalanx\n"
+        "strategy = phalanx.resolve()\n"
+        "strategy.launch()\n"
+        "model = strategy.setup(torch.nn.Linear(2, 2))\n"
+        "if strategy.is_global_zero:  # the torch scripts' `if master_process:` habit\n"
+        "    strategy.save_checkpoint('ckpt.pt', {'model': model})\n"
+        "strategy.barrier()\n"
+    )
+    done = subprocess.run(
+        [*PHALANX_RUN, "--strategy", "ddp", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert "ranks [1] left without calling it" in output
+    assert (
+        "save_checkpoint and load_checkpoint too (an `if rank == 0: save` leaves the other ranks out)"
+        in output
+    )

@@ -8,6 +8,7 @@ import itertools
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from phalanx_core import (
     ClusterEnvironment,
     Collective,
+    CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
     NonMember,
@@ -513,16 +515,39 @@ class TorchCollective(Collective):
             if async_op:
                 return _TorchWork(dist.barrier(group=self._group, async_op=True), None, self, "barrier")
             if self._backend == "gloo" and self._world_size > 1:
-                dist.monitored_barrier(
-                    group=self._group,
-                    timeout=datetime.timedelta(seconds=self.timeout),
-                    wait_all_ranks=True,
-                )
+                start = time.monotonic()
+                try:
+                    dist.monitored_barrier(
+                        group=self._group,
+                        timeout=datetime.timedelta(seconds=self.timeout),
+                        wait_all_ranks=True,
+                    )
+                except RuntimeError as exc:
+                    raise self._left(exc, time.monotonic() - start) from exc
             else:
                 dist.barrier(group=self._group)
         except RuntimeError as exc:
             raise self._translate(exc, "barrier") from exc
         return None
+
+    def _left(self, exc: RuntimeError, waited: float) -> BaseException:
+        """gloo's monitored barrier says "failed to pass ... in <timeout>"
+        also when the missing ranks closed their connections long before
+        (they exited): say that, instead of a timeout that did not happen."""
+        translated = self._translate(exc, "barrier")
+        if not isinstance(translated, CollectiveTimeoutError) or waited >= 0.9 * self.timeout:
+            return translated
+        ranks = translated.missing_ranks
+        who = f"ranks {list(ranks)}" if ranks else "a rank"
+        return CollectiveTimeoutError(
+            f"barrier() on the 'torch' collective ({self._backend}, rank {self._rank} of {self._world_size}) "
+            f"failed after {waited:.1f} s: {who} left without calling it (exited, or failed). Every rank "
+            "calls barrier(), and every call that waits for the others: save_checkpoint and "
+            "load_checkpoint too (an `if rank == 0: save` leaves the other ranks out)",
+            operation="barrier",
+            timeout=self.timeout,
+            missing_ranks=ranks,
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False) -> Any:
         peer = self._peer(src, "broadcast", "src")
