@@ -415,7 +415,9 @@ def test_an_optimizer_made_before_sharding_is_refused():
     ) as info:
         strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert "got an optimizer instance (SGD)" in str(info.value)
-    with pytest.raises(MisconfigurationError, match=r"setup\(module\) runs inside strategy\.launch"):
+    with pytest.raises(
+        MisconfigurationError, match=r"setup\(module\) needs the process group.*strategy\.launch\(\) first"
+    ):
         strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.1))
     with pytest.raises(MisconfigurationError, match=r"no_backward_sync.* got Sequential"):
         strategy.no_backward_sync(model)

@@ -83,5 +83,7 @@ def test_a_collective_with_operations_of_its_own_gets_the_adapter():
 
 def test_process_group_outside_launch_says_where_it_is():
     strategy = phalanx.resolve("ddp_fork", accelerator="cpu", devices=2)
-    with pytest.raises(MisconfigurationError, match=r"runs inside strategy\.launch\(fn, \.\.\.\)"):
+    with pytest.raises(
+        MisconfigurationError, match=r"needs the process group, which strategy\.launch\(\) makes"
+    ):
         strategy.process_group
