@@ -79,3 +79,19 @@ def test_a_bad_variable_is_refused(monkeypatch):
 def test_zero_means_no_reports(monkeypatch):
     monkeypatch.setenv("PHALANX_HANG_REPORT", "0")
     assert phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2).hang_report == float("inf")
+
+
+def test_ranks_waiting_in_different_calls_are_told_so(tmp_path):
+    done = run_tagged(
+        [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2",
+         "--hang-report", "3", "-o", "timeout=12", str(Path(SCRIPT).with_name("rank0_only.py"))],
+        timeout=120,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0  # the collective's timeout ended it
+    err = done.stderr
+    assert re.search(
+        r"phalanx: ranks \[\d\] wait in (barrier|all_reduce); the ranks that have not arrived:", err
+    )
+    assert "the ranks wait in different calls: every rank makes the strategy's calls in the same order" in err
+    assert "(a save or an evaluation under `if rank == 0:`)" in err

@@ -209,6 +209,12 @@ class HangWatch:
                 lines.append(f"  rank {rank}: in {state[2]} (its call {state[3]}) for {state[4]} s")
         if len(lines) == 1:
             lines.append("  none: every rank waits there (a backend or network problem?)")
+        elif any(s is not None and s[2] not in ("-", operation) for s in states.values()):
+            lines.append(
+                "  the ranks wait in different calls: every rank makes the strategy's calls in the same "
+                "order, and a call made on some ranks only (a save or an evaluation under `if rank == 0:`) "
+                "waits for the others forever"
+            )
         self._print("\n".join(lines))
 
     def _print(self, text: str) -> None:
