@@ -105,6 +105,8 @@ def test_phalanx_run_names_the_failing_rank(tmp_path):
 
 
 FLAT = """\
+import sys
+
 import torch
 import phalanx
 
@@ -117,7 +119,9 @@ for step in range(3):
     strategy.backward(model(torch.full((2, 4), float(strategy.global_rank + step))).pow(2).mean())
     strategy.optimizer_step(optimizer)
 weights = strategy.all_gather(model.weight.detach())
-print(f"rank {strategy.global_rank} same {all(torch.equal(w, weights[0]) for w in weights)}", flush=True)
+same = all(torch.equal(w, weights[0]) for w in weights)
+sys.stdout.write(f"rank {strategy.global_rank} same {same}\\n")  # one write: the launcher tags each write
+sys.stdout.flush()
 """
 
 

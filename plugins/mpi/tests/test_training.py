@@ -52,6 +52,8 @@ def test_the_manual_example_with_its_head_sharded_over_mpi():
 
 
 FLAT = """\
+import sys
+
 import torch
 import phalanx
 
@@ -64,7 +66,9 @@ for step in range(3):
     strategy.backward(model(torch.full((2, 4), float(strategy.global_rank + step))).pow(2).mean())
     strategy.optimizer_step(optimizer)
 weights = strategy.all_gather(strategy.unwrap_module(model).weight.detach())
-print(f"rank {strategy.global_rank} same {all(torch.equal(w, weights[0]) for w in weights)}", flush=True)
+same = all(torch.equal(w, weights[0]) for w in weights)
+sys.stdout.write(f"rank {strategy.global_rank} same {same}\\n")  # one write: the launcher tags each write
+sys.stdout.flush()
 """
 
 
