@@ -102,34 +102,3 @@ def test_phalanx_run_names_the_failing_rank(tmp_path):
     assert done.returncode != 0
     assert "raised on purpose in rank 1" in done.stdout + done.stderr
     assert "phalanx run: rank 1 " in done.stderr, done.stderr[-2000:]
-
-
-FLAT = """\
-import sys
-
-import torch
-import phalanx
-
-strategy = phalanx.resolve("horovod", accelerator="cpu", devices=2)
-strategy.launch()  # python flat.py: the horovod launcher runs this script again in every rank
-torch.manual_seed(strategy.global_rank)  # each rank its own initial weights: setup copies rank 0's
-model, optimizer = strategy.setup(torch.nn.Linear(4, 1), lambda ps: torch.optim.SGD(ps, lr=0.1))
-for step in range(3):
-    optimizer.zero_grad()
-    strategy.backward(model(torch.full((2, 4), float(strategy.global_rank + step))).pow(2).mean())
-    strategy.optimizer_step(optimizer)
-weights = strategy.all_gather(model.weight.detach())
-same = all(torch.equal(w, weights[0]) for w in weights)
-sys.stdout.write(f"rank {strategy.global_rank} same {same}\\n")  # one write: the launcher tags each write
-sys.stdout.flush()
-"""
-
-
-def test_a_flat_script_launches_itself_through_horovod(tmp_path):
-    script = tmp_path / "flat.py"
-    script.write_text(FLAT)
-    out = run([sys.executable, str(script)])
-    assert sorted(line.split("rank ", 1)[1] for line in out.splitlines() if "same" in line) == [
-        "0 same True",
-        "1 same True",
-    ]

@@ -49,34 +49,3 @@ def test_the_manual_example_with_its_head_sharded_over_mpi():
     [line] = out.splitlines()
     first, last = losses(line)
     assert last < 0.3 * first and line.endswith("on 2 rank(s)")
-
-
-FLAT = """\
-import sys
-
-import torch
-import phalanx
-
-strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, collective="mpi", launcher="mpirun")
-strategy.launch()  # python flat.py: mpirun runs this script again in every rank
-torch.manual_seed(strategy.global_rank)  # each rank its own initial weights: DDP copies rank 0's
-model, optimizer = strategy.setup(torch.nn.Linear(4, 1), lambda ps: torch.optim.SGD(ps, lr=0.1))
-for step in range(3):
-    optimizer.zero_grad()
-    strategy.backward(model(torch.full((2, 4), float(strategy.global_rank + step))).pow(2).mean())
-    strategy.optimizer_step(optimizer)
-weights = strategy.all_gather(strategy.unwrap_module(model).weight.detach())
-same = all(torch.equal(w, weights[0]) for w in weights)
-sys.stdout.write(f"rank {strategy.global_rank} same {same}\\n")  # one write: the launcher tags each write
-sys.stdout.flush()
-"""
-
-
-def test_a_flat_script_launches_itself_through_mpirun(tmp_path):
-    script = tmp_path / "flat.py"
-    script.write_text(FLAT)
-    out = run([sys.executable, str(script)])
-    assert sorted(line.split("rank ", 1)[1] for line in out.splitlines() if "same" in line) == [
-        "0 same True",
-        "1 same True",
-    ]

@@ -345,6 +345,57 @@ class LauncherSuite:
         assert info.value.rank == last, info.value
         assert info.value.signal == "SIGKILL" or info.value.exitcode in (-9, 137), info.value
 
+    def test_a_flat_script_launches_itself(self, tmp_path: Any) -> None:
+        """``python flat.py`` whose script calls ``strategy.launch()`` with no
+        function: where the launcher runs scripts, every rank runs the rest
+        of the script and the first process exits 0 once they are done;
+        where it cannot, a refusal that names the ways that work."""
+        import re
+        import sys
+
+        from ..launcher import Launcher
+        from .processes import run_tagged
+
+        flags = {
+            "strategy": self.strategy,
+            "accelerator": self.accelerator,
+            "devices": self.num_processes,
+            "launcher": self.launcher,
+            **self.options,
+        }
+        script = tmp_path / "flat.py"
+        script.write_text(_FLAT_SCRIPT.format(flags=repr(flags)))
+        done = run_tagged([sys.executable, str(script)], timeout=self.hang_guard, cwd=tmp_path)
+        output = done.stdout + done.stderr
+        if type(self.resolve().launcher).run_script is Launcher.run_script:
+            assert done.returncode == 1, output
+            assert "strategy.launch() with no function makes this process a rank" in output, output
+            assert "strategy.launch(main)" in output, output
+            assert "phalanx run" in output, output
+            return
+        assert done.returncode == 0, output
+        seen = sorted(re.findall(r"flat rank (\d+) of (\d+) saw (\[[\d, ]*\])", done.stdout))
+        everyone = str(list(range(self.num_processes)))
+        assert seen == [(str(r), str(self.num_processes), everyone) for r in range(self.num_processes)], (
+            output
+        )
+
+
+#: A flat script (no function to launch) for the launcher suite: the rest of
+#: the script is each rank's program. One write per line: mpirun and
+#: horovodrun tag each write of a rank, not each line.
+_FLAT_SCRIPT = """\
+import sys
+
+import phalanx
+
+strategy = phalanx.resolve(**{flags})
+strategy.launch()
+ranks = strategy.all_gather_object(strategy.global_rank)
+sys.stdout.write(f"flat rank {{strategy.global_rank}} of {{strategy.world_size}} saw {{ranks}}\\n")
+sys.stdout.flush()
+"""
+
 
 # -- environments ------------------------------------------------------------------
 

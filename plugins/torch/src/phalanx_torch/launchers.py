@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from phalanx_core import ClusterEnvironment
 
-from ._elastic import SubprocessLauncher
+from ._elastic import SubprocessLauncher, _variables
 from ._listen import LOOPBACK, gloo_variables, hosted_store, one_thread
 from ._ranks import (
     _LAUNCHES,
@@ -65,6 +65,9 @@ from ._ranks import (
     _warn_died_after_delivery,
     _worker_failed,
 )
+
+#: Set in the ranks a spawn or fork launcher's run_script started.
+RERUN_VAR = "PHALANX_RERUN_BY"
 
 __all__ = [
     "RESULTS_DIR_VAR",
@@ -191,12 +194,28 @@ class MultiprocessingLauncher(Launcher):
     def run_script(self, command: Sequence[str]) -> None:
         """A program cannot be forked or spawned as a function: its ranks
         are started as fresh interpreters under torch elastic, as the
-        ``subprocess`` launcher does (each line prefixed with its rank)."""
-        SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(command)
+        ``subprocess`` launcher does (each line prefixed with its rank).
+        They are marked as this launcher's (``PHALANX_RERUN_BY``), so that
+        a script naming it (``launcher="spawn"``, then ``launch()``) sets
+        up in them, where under torchrun it would be refused."""
+        with _variables({RERUN_VAR: "1"}):
+            SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(
+                command
+            )
+
+    @classmethod
+    def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
+        """Yes in the ranks of its own script re-run (:meth:`run_script`)."""
+        return bool(os.environ.get(RERUN_VAR))
+
+    def runs_in_place(self) -> bool:
+        return bool(os.environ.get(RERUN_VAR))
 
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         import torch.multiprocessing as mp
 
+        if self.runs_in_place():  # a rank of its own script re-run: run here
+            return self.placed(_run_here(next(_LAUNCHES), fn, args, kwargs))  # type: ignore[return-value]
         next(_LAUNCHES)
         if self.start_method == "fork":
             _refuse_unforkable()
