@@ -461,3 +461,13 @@ def test_a_collective_not_set_up_is_refused():
 
     with pytest.raises(MisconfigurationError, match="not set up"):
         CollectiveProcessGroup(TorchCollective())
+
+
+def test_overlap_takes_a_bool():
+    strategy = phalanx.resolve("single_device", accelerator="cpu")
+    strategy.launch()
+    try:
+        with pytest.raises(MisconfigurationError, match=r"overlap='yes'\): give True .* or False"):
+            CollectiveProcessGroup(strategy.collective, overlap="yes")
+    finally:
+        strategy._teardown_at_exit()

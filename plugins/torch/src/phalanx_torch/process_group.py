@@ -277,6 +277,11 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                 f"CollectiveProcessGroup({collective!r}): the collective is not set up; call "
                 "collective.setup(...) first (strategy.collective is, inside strategy.launch(fn))"
             )
+        if not isinstance(overlap, bool):
+            raise MisconfigurationError(
+                f"CollectiveProcessGroup(overlap={overlap!r}): give True (a thread of the group's waits "
+                "on the handles) or False (each operation completes in its call)"
+            )
         super().__init__(collective.rank, collective.world_size)  # type: ignore[call-arg]
         self._collective = collective
         #: the same, for the calls: an async call returns a Work, which the
