@@ -25,7 +25,7 @@ PACKAGES = [
 ]
 TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "horovod", "xla"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "multihost", "horovod", "xla"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -123,6 +123,23 @@ def mpi(session: nox.Session) -> None:
     session.install("mpi4py>=3.1")
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     real_runs(session, "mpi", "plugins/mpi/tests", env=root)
+
+
+@nox.session
+def multihost(session: nox.Session) -> None:
+    """Jobs across several hosts made of network namespaces (tests/multihost,
+    with :mod:`phalanx_core.testing.hosts`): ``phalanx run`` and ``torchrun``
+    on two hosts, failures, plan mismatches and checkpoints across them,
+    ``mpirun`` with an rsh agent that enters the namespaces, and a Slurm
+    cluster with a slurmd per host. Needs root; installs iproute2, OpenMPI
+    and Slurm. The tests make and remove the namespaces themselves."""
+    apt_install(session, "iproute2", "openmpi-bin", "slurmd", "slurmctld", "slurm-client", "munge")
+    session.install("mpi4py>=3.1")
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    install_packages(session)
+    session.install("pytest>=8")
+    env = {"PHALANX_REAL_RUNS": "multihost", **root}
+    session.run("pytest", *(session.posargs or ["tests/multihost"]), env=env)
 
 
 @nox.session

@@ -121,9 +121,25 @@ def test_explain_says_where_the_job_listens(argv, listens, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     code, out = run("explain", "--accelerator", "cpu", *argv)
     assert code == 0
-    assert out.splitlines()[-2].startswith(f"listens on   {listens}")
+    assert out.splitlines()[-3].startswith(f"listens on   {listens}")
+    network = "gloo's own choice: the main address 127.0.0.1 is on this host's loopback (one host)"
+    assert out.splitlines()[-2] == f"network      {network}"
     code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
     assert json.loads(out)["listens"].startswith(listens)
+    assert json.loads(out)["network"] == network
+
+
+def test_explain_says_which_interface_the_ranks_use_and_refuses_none(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # restored afterwards; --main-address sets it
+    argv = ["explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2"]
+    code, out = run(*argv, "--main-address", "no-such-host.invalid", "-o", "interface=lo")
+    assert code == 0
+    assert "network      gloo on lo: the collective's option interface=" in out.splitlines()
+    code, out = run(*argv, "--main-address", "no-such-host.invalid")
+    assert code == 0  # explain says it; the ranks refuse it at set-up
+    [line] = [x for x in out.splitlines() if x.startswith("network")]
+    assert "the main address 'no-such-host.invalid' (MASTER_ADDR) does not resolve on this host" in line
 
 
 @pytest.mark.parametrize(

@@ -230,3 +230,35 @@ def test_an_operation_refused_refuses_the_into_form_that_extends_it():
 
     assert "all_gather_into" not in OwnInto.unsupported
     assert OwnInto().all_gather_into("out", None) == "out"
+
+
+def test_plan_mismatch_shows_the_differing_fields_side_by_side():
+    from phalanx_core import PlanMismatchError, plan_mismatch
+
+    same = {"strategy": "ddp", "devices per node": "2", "torch": "2.13.0"}
+    assert plan_mismatch({0: same, 1: dict(same)}) is None
+    error = plan_mismatch({0: same, 1: {**same, "strategy": "fsdp"}, 2: {**same, "torch": "2.12.0"}})
+    assert isinstance(error, PlanMismatchError)
+    assert error.differences == {
+        "strategy": {0: "ddp", 1: "fsdp", 2: "ddp"},
+        "torch": {0: "2.13.0", 1: "2.13.0", 2: "2.12.0"},
+    }
+    lines = str(error).splitlines()
+    assert lines[0].endswith("they differ in strategy, torch:")
+    assert lines[1:4] == [
+        "              node 0  node 1  node 2",
+        "    strategy  ddp     fsdp    ddp",
+        "    torch     2.13.0  2.13.0  2.12.0",
+    ]
+    assert lines[4].startswith("Start every node with the same command")
+
+
+def test_plan_mismatch_of_many_nodes_shows_one_node_per_value():
+    from phalanx_core import plan_mismatch
+
+    posts = {n: {"devices per node": "2"} for n in range(64)}
+    posts[37] = {"devices per node": "1"}
+    error = plan_mismatch(posts)
+    assert error is not None and "(2 of 64 nodes shown, one per value)" in str(error)
+    assert "    devices per node  2       1" in str(error).splitlines()
+    assert error.differences["devices per node"][37] == "1"

@@ -92,10 +92,16 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import CollectiveTimeoutError, MisconfigurationError, NotInGroupError, UnavailableError
+from .errors import (
+    CollectiveTimeoutError,
+    MisconfigurationError,
+    NotInGroupError,
+    PlanMismatchError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
@@ -314,6 +320,48 @@ def timed_out(
     )
 
 
+def plan_mismatch(posts: Mapping[int, Mapping[str, str]]) -> PlanMismatchError | None:
+    """The :class:`PlanMismatchError` for the plans the nodes posted (node
+    rank -> :attr:`Collective.plan_facts`), or ``None`` when they agree. The
+    message shows each differing field side by side, one column per node."""
+    nodes = sorted(posts)
+    fields = list(dict.fromkeys(f for node in nodes for f in posts[node]))
+    differences = {
+        f: {node: str(posts[node].get(f, "(not said)")) for node in nodes}
+        for f in fields
+        if len({str(posts[node].get(f, "(not said)")) for node in nodes}) > 1
+    }
+    if not differences:
+        return None
+    shown = nodes if len(nodes) <= 8 else _first_of_each_value(differences, nodes)
+    rows = [["", *(f"node {n}" for n in shown)]] + [
+        [f, *(values[n] for n in shown)] for f, values in differences.items()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    table = "\n".join("    " + line for line in lines)
+    left = "" if len(shown) == len(nodes) else f" ({len(shown)} of {len(nodes)} nodes shown, one per value)"
+    return PlanMismatchError(
+        f"the nodes of this job resolved different plans, so their ranks would wait for each other "
+        f"in different places; they differ in {', '.join(differences)}{left}:\n{table}\n"
+        "Start every node with the same command (the same flags and resolve() call, the same "
+        "number of devices) and the same installed versions",
+        differences=differences,
+    )
+
+
+def _first_of_each_value(differences: Mapping[str, Mapping[int, str]], nodes: list[int]) -> list[int]:
+    """A few nodes that show every value of every differing field."""
+    chosen: list[int] = []
+    for values in differences.values():
+        seen: set[str] = {values[n] for n in chosen}
+        for node in nodes:
+            if values[node] not in seen:
+                seen.add(values[node])
+                chosen.append(node)
+    return sorted(set(chosen))
+
+
 class Work(ABC):
     """The handle an operation called with ``async_op=True`` returns."""
 
@@ -401,6 +449,14 @@ class Collective(ABC):
     reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
     unsupported: ClassVar[frozenset[str]] = frozenset()
     subgroups: ClassVar[bool] = True
+    #: What every node of the job must have resolved alike (field -> value),
+    #: set by the strategy before :meth:`setup` (``Strategy.plan_facts()``).
+    #: A collective that can compare it across the nodes before its group
+    #: exists (the torch one, through its rendezvous store) does so in
+    #: ``setup`` and sets :attr:`plan_checked`; otherwise the strategy
+    #: compares it with :meth:`all_gather_object` right after ``setup``.
+    plan_facts: Mapping[str, str] | None = None
+    plan_checked: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -13,10 +13,12 @@ Errors that wrap another one are raised ``from`` it.
 from __future__ import annotations
 
 __all__ = [
+    "CollectiveConnectionError",
     "CollectiveTimeoutError",
     "MisconfigurationError",
     "NotInGroupError",
     "PhalanxError",
+    "PlanMismatchError",
     "PluginError",
     "UnavailableError",
     "UnknownNameError",
@@ -90,6 +92,27 @@ class CollectiveTimeoutError(PhalanxError, TimeoutError):
         self.missing_ranks = missing_ranks
 
 
+class PlanMismatchError(MisconfigurationError):
+    """The nodes of one job resolved different plans (another strategy,
+    other devices per node, other versions). ``differences`` maps each
+    differing field to the value every node holds (node rank -> value)."""
+
+    def __init__(self, message: str, *, differences: dict[str, dict[int, str]]) -> None:
+        super().__init__(message)
+        self.differences = differences
+
+
+class CollectiveConnectionError(PhalanxError, ConnectionError):
+    """A rank could not reach another: the connection was refused, or no
+    route leads to the address it was given. The message names the
+    address, what the network said, and where the address came from.
+    ``operation`` is the operation that tried (``"setup"``)."""
+
+    def __init__(self, message: str, *, operation: str) -> None:
+        super().__init__(message)
+        self.operation = operation
+
+
 class WorkerFailedError(PhalanxError, RuntimeError):
     """A rank of a launched job failed.
 
@@ -98,7 +121,8 @@ class WorkerFailedError(PhalanxError, RuntimeError):
     first; ``exitcode`` its exit code (negative: killed by signal
     ``-exitcode``), ``signal`` the signal's name when there was one, and
     ``traceback`` the text of the exception raised on that rank, when the rank
-    lived long enough to write it.
+    lived long enough to write it. In a job of several nodes, ``node`` and
+    ``host`` say where that rank ran, where they are known.
     """
 
     def __init__(
@@ -109,23 +133,30 @@ class WorkerFailedError(PhalanxError, RuntimeError):
         exitcode: int | None = None,
         signal: str | None = None,
         traceback: str | None = None,
+        node: int | None = None,
+        host: str | None = None,
     ) -> None:
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
         self.signal = signal
         self.traceback = traceback
+        self.node = node
+        self.host = host
 
     def first_failure(self) -> str:
         """Which rank failed first and where its story is, for output whose
         every line a rank wrote is marked ``[rankN]:`` (``phalanx run``, a
         script that ``launch()`` re-ran)."""
         where = f"the lines above marked [rank{self.rank}]"
+        who = f"rank {self.rank}"
+        if self.node is not None:
+            who += f" (node {self.node}" + (f", host {self.host})" if self.host else ")")
         if self.traceback:
-            return f"rank {self.rank} raised first; its traceback is in {where}"
+            return f"{who} raised first; its traceback is in {where}"
         if self.signal:
-            return f"rank {self.rank} was killed by {self.signal} first; its output is in {where}"
-        return f"rank {self.rank} exited with code {self.exitcode} first; its output is in {where}"
+            return f"{who} was killed by {self.signal} first; its output is in {where}"
+        return f"{who} exited with code {self.exitcode} first; its output is in {where}"
 
     @property
     def exit_status(self) -> int:

@@ -28,7 +28,7 @@ from .checkpoint import (
     check_module_keys,
     check_module_shapes,
 )
-from .collective import OPERATIONS
+from .collective import OPERATIONS, plan_mismatch
 from .errors import MisconfigurationError, WorkerFailedError
 from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds
 from .launcher import Launcher
@@ -67,6 +67,16 @@ def _run_rank(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...], k
         return fn(strategy, *args, **kwargs)
     finally:
         strategy.teardown()
+
+
+@functools.cache
+def _core_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("phalanx-core")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _is_tensor(value: Any) -> bool:
@@ -323,13 +333,58 @@ class Strategy:
         if self.deterministic:
             self._use_deterministic_algorithms()
         self.accelerator.setup_device(self.root_device)
+        self.collective.plan_facts = self.plan_facts()
         self.collective.setup(self.environment, self.accelerator)
+        if self.collective.world_size > 1 and not self.collective.plan_checked:
+            self._check_plan_across_nodes()
         if self.world_size > 1 and self.hang_report != float("inf"):
             board = self.collective.board() if self.collective.world_size > 1 else None
             self._hang_watch = HangWatch(
                 self.hang_report, self.global_rank, self.world_size, board, timeout=self.collective.timeout
             )
             self._hang_watch.start()
+
+    def plan_facts(self) -> dict[str, str]:
+        """What every node of the job must have resolved alike, checked
+        across the nodes before the first collective (a node that differs
+        would wait in other places than the others, or forever): the world,
+        the strategy and its parts, the options, and the versions of phalanx
+        and of the parts' distributions. Not the main address: nodes that
+        compare their plans have met at it, whatever name each gave it."""
+        plan = self.plan
+        facts = {
+            "world size": str(self.environment.world_size),
+            "nodes": str(self.num_nodes),
+            "devices per node": str(len(self.parallel_devices) or 1),
+        }
+        parts = {
+            "strategy": self,
+            "accelerator": self.accelerator,
+            "environment": self.environment,
+            "collective": self.collective,
+            "precision": self.precision,
+            "launcher": self.launcher,
+        }
+        for kind, part in parts.items():
+            choice = getattr(plan, kind, None) if plan is not None else None
+            name = getattr(choice, "name", None) or type(part).__qualname__
+            provider = getattr(choice, "provider", None)
+            facts[kind] = f"{name} ({provider.distribution} {provider.version})" if provider else name
+        if plan is not None and plan.options:
+            facts["options"] = ", ".join(f"{k}={v!r}" for k, v in sorted(plan.options.items()))
+        facts["phalanx-core"] = _core_version()
+        return facts
+
+    def _check_plan_across_nodes(self) -> None:
+        """The plans of every node, gathered through the collective (for a
+        collective that could not compare them before its group existed)."""
+        if "all_gather_object" in self.collective.unsupported:
+            return
+        facts = dict(self.collective.plan_facts or {})
+        posts = self.collective.all_gather_object((self.environment.node_rank, facts))
+        error = plan_mismatch(dict(posts))
+        if error is not None:
+            raise error
 
     def _use_deterministic_algorithms(self) -> None:
         import torch

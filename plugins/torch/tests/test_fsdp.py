@@ -602,3 +602,28 @@ def save_after_evaluation(strategy, path):
 def test_a_save_after_an_evaluation_pass_works(kind, tmp_path):
     path = str(tmp_path / ("ckpt.pt" if kind == "full" else "ckpt"))
     assert fsdp(state_dict_type=kind).launch(save_after_evaluation, path) == [True, True]
+
+
+def sgd_save(strategy, path):
+    model, optimizer = strategy.setup(make_model(), functools.partial(torch.optim.SGD, lr=0.05))
+    train(strategy, model, optimizer, 1, *my_half(strategy, *data()))
+    strategy.save_checkpoint(path, {"model": model, "optimizer": optimizer})
+    return {name: full(p) for name, p in model.named_parameters()}
+
+
+def sgd_load(strategy, path):
+    model, optimizer = strategy.setup(make_model(seed=1), functools.partial(torch.optim.SGD, lr=0.5))
+    strategy.load_checkpoint(path, {"model": model, "optimizer": optimizer})
+    return {name: full(p) for name, p in model.named_parameters()}, optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("saver", ["single_device", "fsdp-full"])
+def test_an_optimizer_without_state_loads_from_a_full_checkpoint(saver, tmp_path):
+    """Plain SGD keeps no tensors; torch's own loader cannot place such a
+    state, and fsdp restores its hyperparameters instead."""
+    path = str(tmp_path / "ckpt.pt")
+    params = TIED_SAVERS[saver]().launch(sgd_save, path)[0]
+    for loaded, lr in fsdp(state_dict_type="full").launch(sgd_load, path):
+        assert lr == 0.05
+        for name in params:
+            torch.testing.assert_close(loaded[name], params[name], rtol=0, atol=0)

@@ -390,6 +390,11 @@ def _check_external_world(environment: Any, num_devices: int, num_nodes: int) ->
         return
     size = environment.world_size
     wanted = num_devices * num_nodes
+    if size != wanted and num_nodes > 1 and getattr(environment, "local_world_size", None) == num_devices:
+        # This node started what was asked; another did not. The plan check
+        # across the nodes, when the collective is set up, shows which node
+        # differs in what, side by side.
+        return
     if size != wanted:
         raise MisconfigurationError(
             f"environment {type(environment).__name__} started {size} process(es) (its world_size), but "

@@ -179,7 +179,20 @@ def _options(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
     return options
 
 
+def _node_variables(args: argparse.Namespace) -> None:
+    """``--node-rank``, ``--main-address``, ``--main-port``: the variables
+    every environment reads them from."""
+    for var, value in (
+        ("NODE_RANK", args.node_rank),
+        ("MASTER_ADDR", args.main_address),
+        ("MASTER_PORT", args.main_port),
+    ):
+        if value is not None:
+            os.environ[var] = str(value)
+
+
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    _node_variables(args)
     registry = Registry()
     plan = registry.plan(
         args.strategy,
@@ -192,19 +205,28 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         environment=args.environment,
         **_options(args.option),
     )
+    network = None
     if not args.plan_only:
         # Every check resolve() runs: the parts' constructors (the backend
         # there, the accelerator's devices, the precision and the collective
         # against the accelerator, the collective against the launcher).
-        registry.build(plan)
+        strategy = registry.build(plan)
+        describe = getattr(strategy.collective, "network", None)
+        if callable(describe):
+            world = strategy.launcher.num_processes * strategy.launcher.num_nodes
+            environment = strategy.environment
+            network = describe(environment.main_address, environment.main_port, world, strategy.accelerator)
     listens = _listens(registry, plan)
     if args.json:
-        json.dump({**plan.to_dict(), "listens": listens, "built": not args.plan_only}, out, indent=2)
+        document = {**plan.to_dict(), "listens": listens, "network": network, "built": not args.plan_only}
+        json.dump(document, out, indent=2)
         print(file=out)
     else:
         print(plan.explain(), file=out)
         if listens:
             print(f"listens on   {listens}", file=out)
+        if network:
+            print(f"network      {network}", file=out)
         print(
             "checked      "
             + (
@@ -253,14 +275,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     options = _options(args.option)
     if options:
         given["options"] = options
-    for var, value in (
-        ("NODE_RANK", args.node_rank),
-        ("MASTER_ADDR", args.main_address),
-        ("MASTER_PORT", args.main_port),
-        (HANG_REPORT_VAR, args.hang_report),
-    ):
-        if value is not None:
-            os.environ[var] = str(value)
+    _node_variables(args)
+    if args.hang_report is not None:
+        os.environ[HANG_REPORT_VAR] = str(args.hang_report)
     # Set before resolving, so that the script's ranks inherit it and
     # ``phalanx.resolve()`` there gives this strategy.
     os.environ[RUN_FLAGS_VAR] = json.dumps(given)
@@ -337,6 +354,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", type=_devices, default="auto", help="N, -1, 'auto' or '0,2'")
     p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
+    p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
+    p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--collective")
     p.add_argument("--launcher")

@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -230,12 +233,24 @@ class SubprocessLauncher(Launcher):
             **newer,
             **rendezvous,
         )
-        with _variables(variables), _signal_handlers_kept():
+        endpoint = rendezvous.get("rdzv_endpoint")
+        watch = _NodeWatch(endpoint, self.node_rank, self.num_nodes, self.rendezvous_timeout)
+        with _variables(variables), _signal_handlers_kept(), watch:
             try:
                 elastic_launch(config, sys.executable)(*command)
             except ChildFailedError as exc:
-                raise _from_child_failed(exc, self.world_size, self.num_nodes) from exc
+                local = _first_failure(exc, self.node_rank if self.num_nodes > 1 else None)
+                first = watch.settle(local)
+                if first is not local and prefix_lines:
+                    _print_elsewhere(first)
+                raise _worker_failed("subprocess", first, self.world_size, _stopped(self.num_nodes)) from exc
             except SignalException as exc:
+                if watch.remote is not None:  # another node's rank failed; the agent stopped ours
+                    if prefix_lines:
+                        _print_elsewhere(watch.remote)
+                    raise _worker_failed(
+                        "subprocess", watch.remote, self.world_size, _stopped(self.num_nodes)
+                    ) from None
                 # The agent has stopped every rank. SIGINT ends this process
                 # as Ctrl-C does; any other signal as its default action
                 # would, with the status a shell shows for it (143 for
@@ -492,11 +507,12 @@ def _signal_handlers_kept() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def _from_child_failed(exc: Any, world_size: int, num_nodes: int) -> WorkerFailedError:
-    """Elastic's ChildFailedError as WorkerFailedError, for the rank that
-    failed first (elastic orders by whole seconds; the error file's time of
-    writing, where there is one, is finer)."""
+def _first_failure(exc: Any, node_rank: int | None) -> _Failure:
+    """The rank of elastic's ChildFailedError that failed first (elastic
+    orders by whole seconds; the error file's time of writing, where there
+    is one, is finer). ``node_rank``: this node's, in a job of several."""
     failures = []
+    host = socket.gethostname() if node_rank is not None else None
     for rank, failure in exc.failures.items():
         traceback_text: str | None = None
         when = float(failure.timestamp)
@@ -507,11 +523,141 @@ def _from_child_failed(exc: Any, world_size: int, num_nodes: int) -> WorkerFaile
             traceback_text = message
         with contextlib.suppress(OSError):
             when = os.stat(failure.error_file).st_mtime
-        failures.append(_Failure(int(rank), failure.exitcode, traceback_text, when))
-    stopped = "Every other rank was stopped"
-    if num_nodes > 1:
-        stopped = (
-            "Every other rank of this node was stopped; the other nodes' ranks stop when their "
-            "collectives fail or time out"
+        failures.append(
+            _Failure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
         )
-    return _worker_failed("subprocess", min(failures, key=_Failure.order), world_size, stopped)
+    return min(failures, key=_Failure.order)
+
+
+def _stopped(num_nodes: int) -> str:
+    return "Every other rank was stopped" + (", on every node" if num_nodes > 1 else "")
+
+
+def _print_elsewhere(failure: _Failure) -> None:
+    """Another node's failure, in the lines its rank would have written
+    here: its traceback, each line marked ``[rankN]:``."""
+    text = failure.traceback or f"(no traceback; exit code {failure.exitcode})"
+    lines = [f"[rank{failure.rank}]: (on node {failure.node}, host {failure.host})"]
+    lines += [f"[rank{failure.rank}]: {line}" for line in text.rstrip().splitlines()]
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
+class _NodeWatch:
+    """Tells every node of a job when a rank on one of them fails, through
+    node 0's rendezvous store, so that no node waits for a peer that is gone.
+
+    Each node whose rank failed posts the failure (rank, node, host, exit
+    code, traceback, time) under its node rank. A thread on every node reads
+    the count of posts every ``POLL`` seconds; on a node whose ranks still
+    run, a post stops them (SIGTERM to this process, which elastic's agent
+    turns into stopping its ranks), and :attr:`remote` holds the failure
+    the node reports. Which failure is the root cause is decided by
+    :meth:`_Failure.order` over every post: a rank that raised comes before
+    a rank that lost its peer as a result. Node 0 hosts the store, so after
+    a failure it waits (at most ``HOLD`` seconds) until every other node has
+    read the posts. One node: nothing to watch.
+    """
+
+    POLL = 0.2
+    #: How long a node whose rank lost a peer waits for the post of the
+    #: rank that caused it, and node 0 for the others to read the posts.
+    HOLD = 5.0
+
+    def __init__(self, endpoint: str | None, node_rank: int, num_nodes: int, timeout: float) -> None:
+        self.endpoint = endpoint
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
+        self.timeout = timeout
+        self.remote: _Failure | None = None
+        self._store: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._signal_lock = threading.Lock()
+
+    def __enter__(self) -> _NodeWatch:
+        if self.num_nodes > 1 and self.endpoint and threading.current_thread() is threading.main_thread():
+            self._thread = threading.Thread(target=self._watch, name="phalanx-node-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._signal_lock:  # no signal once the launch is over
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.POLL * 5)
+
+    def _interrupt(self, failure: _Failure) -> None:
+        """Stop this node's ranks: SIGTERM, which elastic's agent handles by
+        stopping them, and which ends its run with a SignalException."""
+        with self._signal_lock:
+            if self._stop.is_set():
+                return
+            self.remote = failure
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _connect(self) -> Any:
+        with self._lock:
+            if self._store is None:
+                import datetime
+
+                import torch.distributed as dist
+
+                host, _, port = str(self.endpoint).rpartition(":")
+                store = dist.TCPStore(  # type: ignore[attr-defined]
+                    host, int(port), is_master=False, timeout=datetime.timedelta(seconds=self.timeout)
+                )
+                self._store = dist.PrefixStore("phalanx/failed", store)  # type: ignore[attr-defined]
+            return self._store
+
+    def _posts(self) -> list[_Failure]:
+        store = self._connect()
+        found = []
+        for node in range(self.num_nodes):
+            if store.check([str(node)]):
+                found.append(_Failure(**json.loads(store.get(str(node)))))
+        return found
+
+    def _watch(self) -> None:
+        try:
+            store = self._connect()
+            while not self._stop.wait(self.POLL):
+                if store.add("posts", 0):
+                    posts = [p for p in self._posts() if p.node != self.node_rank]
+                    if posts:
+                        store.add("read", 1)
+                        self._interrupt(min(posts, key=_Failure.order))
+                        return
+        except (RuntimeError, ValueError, OSError):
+            return  # node 0's store is gone: the job has ended, or node 0 with it
+
+    def settle(self, local: _Failure) -> _Failure:
+        """Post this node's first failure; return the job's root cause, this
+        one or another node's."""
+        if self.num_nodes == 1 or not self.endpoint:
+            return local
+        with self._signal_lock:
+            self._stop.set()
+        try:
+            store = self._connect()
+            store.set(str(self.node_rank), json.dumps(dataclasses.asdict(local)))
+            store.add("posts", 1)
+            deadline = time.monotonic() + self.HOLD
+            posts = self._posts()
+            # A rank that lost a peer (or was stopped) is rarely the cause:
+            # wait a little for the post of the node whose rank is.
+            while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and len(posts) == 1:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(self.POLL)
+                posts = self._posts()
+            if self.node_rank == 0:  # the store goes with this process: let the others read it
+                while store.add("read", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+                    time.sleep(self.POLL)
+            else:
+                store.add("read", 1)
+        except (RuntimeError, ValueError, OSError):
+            return local  # node 0's store is gone
+        first = min(posts, key=_Failure.order)
+        return local if first == local else first

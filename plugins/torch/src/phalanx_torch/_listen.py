@@ -23,16 +23,50 @@ made (the default group, ``new_group``, ``monitored_barrier``'s helper);
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import socket
 from typing import Any
 
-__all__ = ["LOOPBACK", "gloo_variables", "hosted_store", "interface_of", "listen_address", "listening_socket"]
+__all__ = [
+    "LOOPBACK",
+    "Network",
+    "choose_network",
+    "gloo_variables",
+    "hosted_store",
+    "interface_of",
+    "listen_address",
+    "listening_socket",
+    "route_source",
+]
 
 LOOPBACK = "127.0.0.1"
 _GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
 _SIOCGIFADDR = 0x8915  # Linux
+
+
+def route_source(main_address: str, main_port: int) -> str:
+    """The local address this host sends from to reach ``main_address``:
+    the source address of the kernel's route to it, asked with a UDP
+    ``connect()``, which sends nothing. Raises ``OSError`` where the name
+    does not resolve (``socket.gaierror``) or no route leads there."""
+    return _route(main_address, main_port)[0]
+
+
+def _route(main_address: str, main_port: int) -> tuple[str, str]:
+    """The route's source address, and the address ``main_address`` resolves to."""
+    family, _, _, _, target = socket.getaddrinfo(main_address, main_port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(target)
+        return str(probe.getsockname()[0]).split("%")[0], str(target[0])
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def listen_address(main_address: str, main_port: int, num_nodes: int) -> str:
@@ -43,13 +77,104 @@ def listen_address(main_address: str, main_port: int, num_nodes: int) -> str:
     if num_nodes == 1:
         return LOOPBACK
     try:
-        family, _, _, _, target = socket.getaddrinfo(main_address, main_port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(target)  # UDP: chooses the route and the source address, sends nothing
-            source = str(probe.getsockname()[0])
+        source = route_source(main_address, main_port)
     except OSError:
         return ""
-    return "" if ipaddress.ip_address(source.split("%")[0]).is_loopback else source
+    return "" if is_loopback(source) else source
+
+
+#: The variable each c10d backend reads its network interface from.
+INTERFACE_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """The network interface a rank's collective traffic uses, and why."""
+
+    #: The interface (``"eth0"``), or ``None``: the backend's own choice.
+    interface: str | None
+    #: Why, in a sentence's worth of words (for ``phalanx explain``).
+    reason: str
+    #: The variables to set in the rank before its group is made.
+    variables: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: What stops the rank from reaching the main address, or ``None``.
+    problem: str | None = None
+    #: The address the main address resolves to, where the route to it
+    #: leaves this host (so other hosts know it as that address).
+    main_seen_as: str | None = None
+
+    def describe(self, backend: str) -> str:
+        if self.interface is None:
+            return f"{backend}'s own choice: {self.reason}"
+        return f"{backend} on {self.interface}: {self.reason}"
+
+
+def interfaces() -> list[str]:
+    """The names of this host's network interfaces."""
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def choose_network(main_address: str, main_port: int, backend: str, interface: str | None = None) -> Network:
+    """The interface for the ranks' connections to each other: ``interface``
+    where given (the collective's option); else the one set in
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``; else the interface the
+    route to ``main_address`` leaves from. A route over loopback (one host)
+    sets nothing: the backend's own choice stays."""
+    names = [INTERFACE_VARS["gloo"]] + ([INTERFACE_VARS[backend]] if backend in INTERFACE_VARS else [])
+    names = list(dict.fromkeys(names))
+    if interface is not None:
+        if interface not in interfaces():
+            raise ValueError(
+                f"interface={interface!r} is not a network interface of this host; it has "
+                f"{', '.join(interfaces())}"
+            )
+        clashes = [f"{n}={os.environ[n]}" for n in names if os.environ.get(n) and os.environ[n] != interface]
+        if clashes:
+            raise ValueError(
+                f"interface={interface!r}, but {' and '.join(clashes)} is set in the environment; "
+                "name the interface in one place"
+            )
+        return Network(interface, "the collective's option interface=", {n: interface for n in names})
+    given = {n: os.environ[n] for n in names if os.environ.get(n)}
+    if len(given) == len(names):
+        first, value = next(iter(given.items()))
+        return Network(value, f"{first}={value} in the environment")
+    try:
+        source, target = _route(main_address, main_port)
+    except socket.gaierror as exc:
+        problem = (
+            f"the main address {main_address!r} (MASTER_ADDR) does not resolve on this host "
+            f"({socket.gethostname()}): {exc.strerror}. Give node 0's address as this host can "
+            "resolve it (an IP address works everywhere)"
+        )
+        return Network(None, problem, problem=problem)
+    except OSError as exc:
+        problem = (
+            f"no route from this host ({socket.gethostname()}) to the main address {main_address} "
+            f"(MASTER_ADDR): {exc.strerror}. Check that node 0 is on a network this host reaches"
+        )
+        return Network(None, problem, problem=problem)
+    if is_loopback(source):
+        return Network(None, f"the main address {main_address} is on this host's loopback (one host)")
+    found = interface_of(source)
+    if found is None:
+        return Network(None, f"the interface of {source}, the route's source address, cannot be told")
+    variables = {n: found for n in names if n not in given}
+    reason = f"{found} ({source}) is where the route to the main address {main_address} leaves from"
+    return Network(found, reason, variables, main_seen_as=target)
+
+
+def main_host_network(seen_as: str, backend: str) -> Network | None:
+    """On the host of the main address, where its name leads to loopback:
+    the interface that has ``seen_as``, the address the other hosts reach
+    the main address at (they say it through the rendezvous store)."""
+    found = interface_of(seen_as)
+    if found is None:
+        return None
+    names = list(dict.fromkeys([INTERFACE_VARS["gloo"], INTERFACE_VARS.get(backend, INTERFACE_VARS["gloo"])]))
+    variables = {n: found for n in names if not os.environ.get(n)}
+    reason = f"{found} has {seen_as}, the address the other nodes reach the main address at"
+    return Network(found, reason, variables)
 
 
 def listening_socket(address: str, port: int = 0) -> socket.socket:

@@ -101,6 +101,9 @@ class _Failure:
     #: False for a rank known to have failed before it could run fn (a
     #: spawned process that failed while importing the main script).
     started: bool = True
+    #: Where it ran, in a job of several nodes.
+    node: int | None = None
+    host: str | None = None
 
     @property
     def signal(self) -> str | None:
@@ -162,7 +165,10 @@ def _worker_failed(
         how = "with an exit code that could not be read"
     else:
         how = f"with exit code {first.exitcode}"
-    who = f"rank {first.rank} of {world_size} (launcher {launcher!r})"
+    where = ""
+    if first.node is not None:
+        where = f" on node {first.node}" + (f" (host {first.host})" if first.host else "")
+    who = f"rank {first.rank} of {world_size}{where} (launcher {launcher!r})"
     lines = [f"the launched job failed: {who} failed first, {how}."]
     if first.traceback:
         tb = first.traceback.rstrip().splitlines()
@@ -201,6 +207,8 @@ def _worker_failed(
         exitcode=first.exitcode,
         signal=first.signal,
         traceback=first.traceback,
+        node=first.node,
+        host=first.host,
     )
 
 

@@ -12,7 +12,11 @@ import zlib
 
 from phalanx_core import MisconfigurationError
 
+from ._listen import is_loopback, route_source
+
 _LOOPBACK = "127.0.0.1"
+#: Any port, for a route's source address (a UDP connect sends nothing).
+_ANY_PORT = 9
 
 
 # -- reading variables -----------------------------------------------------------
@@ -98,13 +102,29 @@ def _is_this_host(host: str) -> bool:
 
 
 def _address(hosts: list[str]) -> str:
-    """MASTER_ADDR if set; 127.0.0.1 on one node or when rank 0's node is this one."""
+    """The main address: MASTER_ADDR if set; 127.0.0.1 on one node. On
+    several, the first node's IP address, the same on every node: where the
+    first node is this one, the address this node sends from to reach the
+    next node of the job (never its own name, which Debian's hosts file maps
+    to 127.0.1.1: gloo would listen there, where no other node reaches it);
+    elsewhere the address the first node's name resolves to. A name that
+    does not resolve leaves the name (127.0.0.1 on the first node itself)."""
     asked = _var("MASTER_ADDR")
     if asked is not None:
         return asked
-    if not hosts or len(set(hosts)) == 1 or _is_this_host(hosts[0]):
+    if not hosts or len(set(hosts)) == 1:
         return _LOOPBACK
-    return hosts[0]
+    if not _is_this_host(hosts[0]):
+        try:
+            return str(socket.getaddrinfo(hosts[0], None, type=socket.SOCK_STREAM)[0][4][0])
+        except OSError:
+            return hosts[0]
+    other = next((host for host in hosts if not _is_this_host(host)), None)
+    try:
+        source = route_source(other, _ANY_PORT) if other is not None else _LOOPBACK
+    except OSError:
+        return _LOOPBACK
+    return _LOOPBACK if is_loopback(source) else source
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -167,12 +187,14 @@ def _check_layout(
     num_devices: int,
     num_nodes: int,
     fix: str,
+    others_unseen: bool = False,
 ) -> None:
     """Raise when the processes a scheduler started are not devices x num_nodes.
 
     ``world``, ``nodes`` and ``per_node`` are (the variable read, its value);
     ``fix`` is the scheduler's own flags for ``{devices}`` per node on
-    ``{num_nodes}`` nodes, as a format string.
+    ``{num_nodes}`` nodes, as a format string. ``others_unseen``: ``per_node``
+    holds this node's count only (torchrun's ``LOCAL_WORLD_SIZE``).
     """
     wanted = num_devices * num_nodes
     how = fix.format(devices=num_devices, num_nodes=num_nodes, total=wanted)
@@ -182,6 +204,12 @@ def _check_layout(
             f"pass num_nodes={nodes[1]}, or start the job on {num_nodes} node(s) ({how})"
         )
     world_var, size = world
+    here_as_asked = per_node is not None and per_node[1] == [num_devices]
+    if size != wanted and others_unseen and here_as_asked and nodes is not None:
+        # This node started what was asked; another did not. The plan check
+        # across nodes, when the collective is set up, shows which node
+        # differs in what, side by side.
+        return
     if size != wanted:
         suggest = f"devices={size // nodes[1]}" if nodes and size % nodes[1] == 0 else "devices/num_nodes"
         raise MisconfigurationError(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime
 import inspect
 import itertools
+import json
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,10 +20,12 @@ import torch.distributed as dist
 from phalanx_core import (
     ClusterEnvironment,
     Collective,
+    CollectiveConnectionError,
     CollectiveTimeoutError,
     CompletedWork,
     MisconfigurationError,
     NonMember,
+    PlanMismatchError,
     UnavailableError,
     Work,
     check_into,
@@ -29,9 +33,12 @@ from phalanx_core import (
     check_rank,
     check_reduce_op,
     check_scatter_list,
+    plan_mismatch,
     timed_out,
 )
 from phalanx_core.accelerator import Accelerator
+
+from . import _listen
 
 #: c10d backends that move one kind of device's tensors only.
 _DEVICE_ONLY = {"nccl": "cuda", "xccl": "xpu"}
@@ -200,6 +207,11 @@ class SingleDeviceCollective(Collective):
 #: Set-ups of a default group in this process; every rank counts the same.
 _SETUPS = itertools.count()
 _TIMED_OUT = re.compile(r"timed?[ _-]?out|failed to pass monitoredBarrier", re.IGNORECASE)
+_UNREACHABLE = re.compile(
+    r"(?P<what>Connection refused|No route to host|Network is unreachable|Host is unreachable)"
+    r", remote=(?P<address>\[?[0-9a-fA-F:.]+\]?:\d+)",
+    re.IGNORECASE,
+)
 _MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 
@@ -270,6 +282,11 @@ class TorchCollective(Collective):
             default) uses the accelerator's (gloo for cpu, nccl for cuda).
         timeout: seconds an operation may take (the process group's timeout,
             for groups this collective makes).
+        interface: the network interface the ranks connect to each other
+            over (``"eth0"``): gloo's ``GLOO_SOCKET_IFNAME``, and nccl's
+            ``NCCL_SOCKET_IFNAME`` for nccl. ``None`` (the default): those
+            variables where set, else the interface that the route to the
+            main address leaves from (on one host, the backend's own choice).
 
     ``setup()`` makes the default process group from the environment
     (``env://``: ``MASTER_ADDR`` / ``MASTER_PORT`` from the environment's
@@ -283,11 +300,19 @@ class TorchCollective(Collective):
 
     name: ClassVar[str] = "torch"
 
-    def __init__(self, *, timeout: float = 1800.0, backend: str | None = None) -> None:
+    def __init__(
+        self, *, timeout: float = 1800.0, backend: str | None = None, interface: str | None = None
+    ) -> None:
         super().__init__(timeout=timeout)
         if backend is not None and not isinstance(backend, str):
             raise MisconfigurationError(f"TorchCollective(backend={backend!r}): give a backend name (str)")
+        if interface is not None and (not isinstance(interface, str) or not interface):
+            raise MisconfigurationError(
+                f"TorchCollective(interface={interface!r}): give a network interface's name ('eth0')"
+            )
         self._backend_flag = backend
+        self._interface = interface
+        self._environment: ClusterEnvironment | None = None
         self._group: Any = None  # None: the default group
         self._owns = False
         self._initialized = False
@@ -377,6 +402,10 @@ class TorchCollective(Collective):
             backend = self._check_backend(
                 self._backend_flag or (accelerator.collective_backend if accelerator else None) or "gloo"
             )
+            self._environment = environment
+            network = self._network(environment, backend) if environment.world_size > 1 else None
+            if network is not None:
+                os.environ.update(network.variables)
             os.environ["MASTER_ADDR"] = environment.main_address
             os.environ["MASTER_PORT"] = str(environment.main_port)
             timeout = datetime.timedelta(seconds=self.timeout)
@@ -391,6 +420,15 @@ class TorchCollective(Collective):
                 # set-up after a teardown under torchrun) meets the same
                 # store: a fresh prefix keeps it from reading the last one's keys.
                 self._prefix = f"phalanx/{next(_SETUPS)}"
+                if self.plan_facts is not None and size > 1:
+                    seen_as = self._check_plan(store, environment, backend, network)
+                    if network is not None and network.interface is None and seen_as:
+                        # The main address leads to loopback here (this is
+                        # its host, and its name maps to 127.0.1.1): take
+                        # the interface that has the address the others use.
+                        found = _listen.main_host_network(seen_as, backend)
+                        if found is not None:
+                            os.environ.update(found.variables)
                 dist.init_process_group(
                     backend,
                     store=dist.PrefixStore(self._prefix, store),  # type: ignore[attr-defined]
@@ -412,6 +450,77 @@ class TorchCollective(Collective):
         self._world_size = dist.get_world_size()
         self._global_ranks = tuple(range(self._world_size))
         self._initialized = True
+
+    def network(self, main_address: str, main_port: int, world_size: int, accelerator: Any = None) -> str:
+        """The interface the connections between the ranks of a job of
+        ``world_size`` ranks would use on this host, and why (``phalanx
+        explain`` shows it); see ``interface``."""
+        backend = self._backend_flag or (accelerator.collective_backend if accelerator else None) or "gloo"
+        if world_size == 1:
+            return "one rank: no connections to other ranks"
+        try:
+            choice = _listen.choose_network(main_address, main_port, backend.lower(), self._interface)
+        except ValueError as exc:
+            return f"refused: {exc}"
+        return choice.describe(backend.lower())
+
+    def _network(self, environment: ClusterEnvironment, backend: str) -> _listen.Network:
+        try:
+            choice = _listen.choose_network(
+                environment.main_address, environment.main_port, backend, self._interface
+            )
+        except ValueError as exc:
+            raise MisconfigurationError(f"collective 'torch': {exc}") from None
+        if choice.problem is not None:
+            raise CollectiveConnectionError(
+                f"setup() on the 'torch' collective ({self._where(environment)}): {choice.problem}",
+                operation="setup",
+            )
+        return choice
+
+    def _check_plan(
+        self, store: Any, environment: ClusterEnvironment, backend: str, network: _listen.Network | None
+    ) -> str | None:
+        """Compare the plans of every node through the rendezvous store,
+        before the group is made: each node's local rank 0 posts its plan,
+        global rank 0 compares them and posts the verdict, every rank reads
+        it (a node whose plan differs would otherwise wait for its peers in
+        other places, or forever). Returns the address the nodes whose
+        route to the main address leaves their host reach it at, if any."""
+        facts = {**(self.plan_facts or {}), "torch": torch.__version__, "c10d backend": backend}
+        plans = dist.PrefixStore(f"{self._prefix}/plans", store)  # type: ignore[attr-defined]
+        if environment.local_rank == 0:
+            seen_as = network.main_seen_as if network is not None else None
+            plans.set(f"node{environment.node_rank}", json.dumps({"facts": facts, "seen_as": seen_as}))
+        if environment.global_rank == 0:
+            nodes = int(facts.get("nodes", "1"))
+            posts = {n: json.loads(plans.get(f"node{n}")) for n in range(nodes)}
+            error = plan_mismatch({n: post["facts"] for n, post in posts.items()})
+            seen = sorted({post["seen_as"] for post in posts.values() if post["seen_as"]})
+            verdict: dict[str, Any] = {"seen_as": seen[0] if len(seen) == 1 else None}
+            if error is not None:
+                verdict.update(message=str(error), differences=error.differences)
+            plans.set("verdict", json.dumps(verdict))
+        verdict = json.loads(plans.get("verdict"))
+        if "message" in verdict:
+            differences = {
+                name: {int(node): value for node, value in values.items()}
+                for name, values in verdict["differences"].items()
+            }
+            raise PlanMismatchError(
+                f"setup() on the 'torch' collective ({self._where(environment)}): {verdict['message']}",
+                differences=differences,
+            )
+        self.plan_checked = True
+        return verdict["seen_as"]  # type: ignore[no-any-return]
+
+    def _where(self, environment: ClusterEnvironment | None = None) -> str:
+        """This rank in words: ``gloo, rank 1 of 2`` (before its group is
+        made, the environment's rank and its host's name)."""
+        if self._initialized or environment is None:
+            return f"{self._backend}, rank {self._rank} of {self._world_size}"
+        rank = f"rank {environment.global_rank} of {environment.world_size}"
+        return f"{self._backend_flag or 'gloo'}, {rank} on {socket.gethostname()}"
 
     def teardown(self) -> None:
         if self._owns and dist.is_initialized():
@@ -464,6 +573,24 @@ class TorchCollective(Collective):
 
     def _translate(self, exc: BaseException, operation: str) -> BaseException:
         message = str(exc)
+        refused = _UNREACHABLE.search(message)
+        where = self._where(self._environment)
+        if refused:
+            what, address = refused.group("what"), refused.group("address")
+            host = address.rsplit(":", 1)[0].strip("[]")
+            why = (
+                f" {host} is a loopback address: the rank there listens where no other host reaches it "
+                "(GLOO_SOCKET_IFNAME names a loopback interface there, or its host name maps to loopback "
+                "and no interface was chosen). Give the collective interface= (or set GLOO_SOCKET_IFNAME) "
+                "on every node: the interface that joins the nodes"
+                if _listen.is_loopback(host)
+                else " Check that the rank there is running, and that no firewall stands between the hosts"
+            )
+            return CollectiveConnectionError(
+                f"{operation}() on the 'torch' collective ({where}) could not connect to another rank "
+                f"at {address}: {what}.{why}",
+                operation=operation,
+            )
         if not _TIMED_OUT.search(message):
             return exc
         missing = _MISSING_RANKS.search(message)
@@ -472,7 +599,7 @@ class TorchCollective(Collective):
             "torch",
             operation,
             self.timeout,
-            where=f"{self._backend}, rank {self._rank} of {self._world_size}",
+            where=where,
             then="raise timeout= if the work is just slow",
             missing_ranks=ranks or None,
         )

@@ -180,6 +180,11 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return _need_int(("MASTER_PORT",), "torchelastic")
 
     @property
+    def local_world_size(self) -> int | None:
+        """The processes torchrun started on this node (``LOCAL_WORLD_SIZE``)."""
+        return _first_int(("LOCAL_WORLD_SIZE",))
+
+    @property
     def world_size(self) -> int:
         return _need_int(("WORLD_SIZE",), "torchelastic")
 
@@ -214,6 +219,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
             num_devices=num_devices,
             num_nodes=num_nodes,
             fix="torchrun --nproc-per-node={devices} --nnodes={num_nodes}",
+            others_unseen=True,
         )
 
 
@@ -222,8 +228,9 @@ class SLURMEnvironment(ClusterEnvironment):
 
     Ranks from ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` and
     ``SLURM_NODEID``; the rendezvous is the step's first node (from the
-    compressed ``SLURM_STEP_NODELIST`` / ``SLURM_NODELIST``, ``127.0.0.1`` on
-    one node) and port ``10000 +`` the last four digits of ``SLURM_JOB_ID``
+    compressed ``SLURM_STEP_NODELIST`` / ``SLURM_NODELIST``: its IP address,
+    the same on every node; ``127.0.0.1`` on one node) and port ``10000 +``
+    the last four digits of ``SLURM_JOB_ID``
     (``MASTER_ADDR`` / ``MASTER_PORT`` win when set). Two steps of one job
     running at once on one node need different ``MASTER_PORT`` values.
 

@@ -559,6 +559,15 @@ class FSDPStrategy(TorchGroupStrategy):
             set_model_state_dict(module, loaded.get(key, {}), options=options)
         for key, (optimizer, module) in optimizers.items():
             value = loaded.get(key, {})
+            if not _keeps_tensors(optimizer, module):
+                # Plain SGD keeps no state, only hyperparameters; torch's
+                # loader takes its device from the state and fails without.
+                groups = [
+                    {k: v for k, v in g.items() if k != "params"} for g in value.get("param_groups", [])
+                ]
+                for group, hyper in zip(optimizer.param_groups, self.broadcast_object(groups), strict=False):
+                    group.update(hyper)
+                continue
             if value:
                 value = _optimizer_state_by_name(value, optimizer, module)
             set_optimizer_state_dict(
@@ -802,6 +811,19 @@ def _check_group_sizes(
             f"groups of {sizes} parameters, and the optimizer has {mine}; load it into an optimizer like "
             "the one it was saved from"
         )
+
+
+def _keeps_tensors(optimizer: Any, module: Any) -> bool:
+    """Whether the optimizer keeps any tensor state (torch's sharded
+    optimizer state dict, which sets up the state it can, says)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state: Any = get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=False))
+    return any(
+        getattr(value, "dim", lambda: 0)() > 0
+        for entry in state.get("state", {}).values()
+        for value in entry.values()
+    )
 
 
 def _optimizer_state_by_name(state: dict[str, Any], optimizer: Any, module: nn.Module) -> dict[str, Any]:

@@ -1,0 +1,203 @@
+"""Several hosts on one machine, made of Linux network namespaces, for tests
+of jobs that span nodes. Needs root, ``ip`` (iproute2) and ``unshare``
+(util-linux)::
+
+    from phalanx_core.testing.hosts import TestBed, missing
+
+    @pytest.mark.skipif(missing() is not None, reason=str(missing()))
+    def test_two_nodes():
+        with TestBed(2) as bed:
+            a, b = bed.hosts
+            print(a.name, a.address, a.interface)     # node0 10.77.0.1 eth0
+            a.run(["python", "-c", "import socket; print(socket.gethostname())"])
+
+Each host is a network namespace with loopback up and one interface,
+``eth0``, plugged into a bridge that lives in a namespace of its own (the
+switch), so the hosts reach each other on private addresses and nothing
+else; the machine's own interfaces and routes are never touched. A command
+run on a host sees that host's network only, its own host name (a UTS
+namespace per command, ``unshare --uts``) and its own ``/etc/hosts``
+(``ip netns exec`` mounts ``/etc/netns/<namespace>/hosts`` over it):
+
+- ``names_on_loopback=True`` (the default) is what Debian and Ubuntu
+  install: a host's own name maps to ``127.0.1.1``, the other hosts' names
+  to their addresses (a cluster's DNS). Software that finds its address
+  from its host name (gloo, the c10d store) then finds loopback: the trap
+  that multi-node jobs fall into.
+- ``names_on_loopback=False``: every name, its own included, maps to the
+  host's address on the bridge.
+
+:meth:`TestBed.close` (the ``with`` block's end, also when a test fails)
+kills every process still running in a host's namespace, by pid, then
+removes the namespaces and their ``/etc/netns`` folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Host", "TestBed", "missing"]
+
+_NETNS_ETC = Path("/etc/netns")
+
+
+def missing() -> str | None:
+    """Why a test bed cannot be made here, or ``None`` when it can."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"network namespaces need `{tool}` ({package})"
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+
+
+@dataclass
+class Host:
+    """One host of a :class:`TestBed`."""
+
+    #: Its host name (``node0``, ``node1``, ...).
+    name: str
+    #: Its address on the bridge (``10.77.0.1``, ...).
+    address: str
+    #: The network namespace it is.
+    namespace: str
+    #: The name of its interface on the bridge.
+    interface: str = "eth0"
+    _processes: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as a command that runs on this host."""
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            self.name,
+            *argv,
+        ]
+
+    def popen(self, argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` on this host (``subprocess.Popen`` options); the
+        test bed kills it at the end if it still runs."""
+        process = subprocess.Popen(self.command(argv), **options)
+        self._processes.append(process)
+        return process
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = 60, **options: Any
+    ) -> subprocess.CompletedProcess[Any]:
+        """Run ``argv`` on this host to its end (``subprocess.run``
+        options; output captured as text unless told otherwise)."""
+        options.setdefault("capture_output", True)
+        options.setdefault("text", True)
+        return subprocess.run(self.command(argv), timeout=timeout, **options)
+
+
+class TestBed:
+    """``count`` hosts on a private network; see the module's docstring.
+
+    ``subnet`` is the first three numbers of the hosts' addresses (host
+    ``i`` is ``<subnet>.<i + 1>``, on a /24). Use it as a context manager,
+    or call :meth:`open` and :meth:`close`.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, count: int = 2, *, names_on_loopback: bool = True, subnet: str = "10.77.0") -> None:
+        if not 1 <= count <= 250:
+            raise ValueError(f"TestBed(count={count!r}): between 1 and 250 hosts")
+        self.tag = uuid.uuid4().hex[:6]
+        self.names_on_loopback = names_on_loopback
+        self.switch = f"phx{self.tag}sw"
+        self.hosts = [
+            Host(name=f"node{i}", address=f"{subnet}.{i + 1}", namespace=f"phx{self.tag}n{i}")
+            for i in range(count)
+        ]
+
+    def __enter__(self) -> TestBed:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Make the namespaces, the bridge and the hosts files."""
+        try:
+            _ip("netns", "add", self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, host in enumerate(self.hosts):
+                port = f"port{i}"
+                _ip("netns", "add", host.namespace)
+                _ip("-n", host.namespace, "link", "set", "lo", "up")
+                veth = ["type", "veth", "peer", "name", port, "netns", self.switch]
+                _ip("link", "add", host.interface, "netns", host.namespace, *veth)
+                _ip("-n", self.switch, "link", "set", port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", port, "up")
+                _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
+                _ip("-n", host.namespace, "link", "set", host.interface, "up")
+                folder = _NETNS_ETC / host.namespace
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text(self.hosts_file(host))
+        except BaseException:
+            self.close()
+            raise
+
+    def hosts_file(self, host: Host) -> str:
+        """What ``/etc/hosts`` holds on ``host``."""
+        lines = ["127.0.0.1\tlocalhost"]
+        for other in self.hosts:
+            if other is host and self.names_on_loopback:
+                lines.append(f"127.0.1.1\t{other.name}")
+            else:
+                lines.append(f"{other.address}\t{other.name}")
+        return "\n".join(lines) + "\n"
+
+    def pids(self, host: Host) -> list[int]:
+        """The processes running in ``host``'s namespace now."""
+        command = ["ip", "netns", "pids", host.namespace]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        return [int(pid) for pid in done.stdout.split()]
+
+    def close(self) -> None:
+        """Kill what still runs on the hosts; remove the namespaces."""
+        for host in self.hosts:
+            for process in host._processes:
+                if process.poll() is None:
+                    process.kill()
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                for pid in self.pids(host):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            for process in host._processes:
+                with contextlib.suppress(subprocess.SubprocessError):
+                    process.wait(timeout=30)
+            host._processes.clear()
+        for namespace in [host.namespace for host in self.hosts] + [self.switch]:
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
+            shutil.rmtree(_NETNS_ETC / namespace, ignore_errors=True)
