@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "multihost" / "job.py"
 SIZE = 4 * 1024 * 1024  # float32: 16 MB
-MAIN = "10.77.0.1"  # node 0's address on the test bed
+MAIN = "192.168.77.1"  # node 0's address on the test bed
 
 
 def _rank(args: argparse.Namespace) -> None:
@@ -83,9 +83,7 @@ def _all_reduce(bed, args: argparse.Namespace) -> None:
     processes = [
         host.popen(
             [sys.executable, __file__, "--rank", "--blocks", str(args.blocks), "--iters", str(args.iters)],
-            env=_env(
-                RANK=str(i), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="10.77.0.1", MASTER_PORT="29700"
-            ),
+            env=_env(RANK=str(i), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR=MAIN, MASTER_PORT="29700"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -122,7 +122,7 @@ def test_explain_says_where_the_job_listens(argv, listens, monkeypatch):
     code, out = run("explain", "--accelerator", "cpu", *argv)
     assert code == 0
     assert out.splitlines()[-3].startswith(f"listens on   {listens}")
-    network = "gloo's own choice: the main address 127.0.0.1 is on this host's loopback (one host)"
+    network = "gloo's own choice: the main address 127.0.0.1 leads to this host's loopback; with nodes on other hosts, this host takes the interface of the address they reach it at, when the group is made"
     assert out.splitlines()[-2] == f"network      {network}"
     code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
     assert json.loads(out)["listens"].startswith(listens)

@@ -5,8 +5,8 @@ Collected only in the ``multihost`` nox session (``PHALANX_REAL_RUNS`` names
 ``multihost``), which runs as root with iproute2; there a missing tool fails
 the tests instead of skipping them.
 
-``bed`` is a test bed of two hosts (``node0`` at 10.77.0.1, ``node1`` at
-10.77.0.2) whose own names map to loopback, as Debian's ``/etc/hosts``
+``bed`` is a test bed of two hosts (``node0`` at 192.168.77.1, ``node1`` at
+192.168.77.2) whose own names map to loopback, as Debian's ``/etc/hosts``
 does; ``make_bed(count, names_on_loopback=...)`` makes others. ``run_nodes``
 starts one command per host at once and waits for all of them, bounded in
 time; every process of the job carries a tag, and one still alive

@@ -39,7 +39,10 @@ def _outward() -> str | None:
 def test_a_main_address_on_loopback_leaves_the_choice_to_the_backend(clean):
     choice = _listen.choose_network("127.0.0.1", 29500, "gloo")
     assert choice.interface is None and choice.variables == {} and choice.problem is None
-    assert choice.reason == "the main address 127.0.0.1 is on this host's loopback (one host)"
+    assert (
+        choice.reason
+        == "the main address 127.0.0.1 leads to this host's loopback; with nodes on other hosts, this host takes the interface of the address they reach it at, when the group is made"
+    )
 
 
 def test_the_route_to_the_main_address_names_the_interface(clean):
@@ -120,7 +123,7 @@ def test_network_describes_the_choice_for_explain(clean):
     collective = TorchCollective()
     assert collective.network("127.0.0.1", 29500, 1) == "one rank: no connections to other ranks"
     assert collective.network("127.0.0.1", 29500, 2) == (
-        "gloo's own choice: the main address 127.0.0.1 is on this host's loopback (one host)"
+        "gloo's own choice: the main address 127.0.0.1 leads to this host's loopback; with nodes on other hosts, this host takes the interface of the address they reach it at, when the group is made"
     )
     assert TorchCollective(interface="lo").network("127.0.0.1", 29500, 2) == (
         "gloo on lo: the collective's option interface="

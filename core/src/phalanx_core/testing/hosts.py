@@ -8,7 +8,7 @@ of jobs that span nodes. Needs root, ``ip`` (iproute2) and ``unshare``
     def test_two_nodes():
         with TestBed(2) as bed:
             a, b = bed.hosts
-            print(a.name, a.address, a.interface)     # node0 10.77.0.1 eth0
+            print(a.name, a.address, a.interface)     # node0 192.168.77.1 eth0
             a.run(["python", "-c", "import socket; print(socket.gethostname())"])
 
 Each host is a network namespace with loopback up and one interface,
@@ -75,7 +75,7 @@ class Host:
 
     #: Its host name (``node0``, ``node1``, ...).
     name: str
-    #: Its address on the bridge (``10.77.0.1``, ...).
+    #: Its address on the bridge (``192.168.77.1``, ...).
     address: str
     #: The network namespace it is.
     namespace: str
@@ -121,13 +121,17 @@ class TestBed:
     """``count`` hosts on a private network; see the module's docstring.
 
     ``subnet`` is the first three numbers of the hosts' addresses (host
-    ``i`` is ``<subnet>.<i + 1>``, on a /24). Use it as a context manager,
+    ``i`` is ``<subnet>.<i + 1>``, on a /24). The default sorts above
+    ``127.0.1.1``: gloo connects each pair of ranks from the rank whose
+    address sorts higher, so a node-0 rank that wrongly listens on its
+    host name's loopback address is dialled by the others, and fails, rather
+    than dialling out and hiding the fault (as on ``10.x`` addresses). Use it as a context manager,
     or call :meth:`open` and :meth:`close`.
     """
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, count: int = 2, *, names_on_loopback: bool = True, subnet: str = "10.77.0") -> None:
+    def __init__(self, count: int = 2, *, names_on_loopback: bool = True, subnet: str = "192.168.77") -> None:
         if not 1 <= count <= 250:
             raise ValueError(f"TestBed(count={count!r}): between 1 and 250 hosts")
         self.tag = uuid.uuid4().hex[:6]

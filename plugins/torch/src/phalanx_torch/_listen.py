@@ -122,6 +122,15 @@ def choose_network(main_address: str, main_port: int, backend: str, interface: s
     sets nothing: the backend's own choice stays."""
     names = [INTERFACE_VARS["gloo"]] + ([INTERFACE_VARS[backend]] if backend in INTERFACE_VARS else [])
     names = list(dict.fromkeys(names))
+    try:
+        source, target = _route(main_address, main_port)
+        route: OSError | None = None
+    except OSError as exc:
+        source, target, route = "", "", exc
+    # Where the route leaves this host, the other hosts know the main
+    # address as ``target`` too: node 0, whose own name may lead to
+    # loopback, learns its address from them.
+    seen_as = target if source and not is_loopback(source) else None
     if interface is not None:
         if interface not in interfaces():
             raise ValueError(
@@ -134,34 +143,37 @@ def choose_network(main_address: str, main_port: int, backend: str, interface: s
                 f"interface={interface!r}, but {' and '.join(clashes)} is set in the environment; "
                 "name the interface in one place"
             )
-        return Network(interface, "the collective's option interface=", {n: interface for n in names})
+        variables = {n: interface for n in names}
+        return Network(interface, "the collective's option interface=", variables, main_seen_as=seen_as)
     given = {n: os.environ[n] for n in names if os.environ.get(n)}
     if len(given) == len(names):
         first, value = next(iter(given.items()))
-        return Network(value, f"{first}={value} in the environment")
-    try:
-        source, target = _route(main_address, main_port)
-    except socket.gaierror as exc:
+        return Network(value, f"{first}={value} in the environment", main_seen_as=seen_as)
+    if isinstance(route, socket.gaierror):
         problem = (
             f"the main address {main_address!r} (MASTER_ADDR) does not resolve on this host "
-            f"({socket.gethostname()}): {exc.strerror}. Give node 0's address as this host can "
+            f"({socket.gethostname()}): {route.strerror}. Give node 0's address as this host can "
             "resolve it (an IP address works everywhere)"
         )
         return Network(None, problem, problem=problem)
-    except OSError as exc:
+    if route is not None:
         problem = (
             f"no route from this host ({socket.gethostname()}) to the main address {main_address} "
-            f"(MASTER_ADDR): {exc.strerror}. Check that node 0 is on a network this host reaches"
+            f"(MASTER_ADDR): {route.strerror}. Check that node 0 is on a network this host reaches"
         )
         return Network(None, problem, problem=problem)
     if is_loopback(source):
-        return Network(None, f"the main address {main_address} is on this host's loopback (one host)")
+        return Network(
+            None,
+            f"the main address {main_address} leads to this host's loopback; with nodes on other "
+            "hosts, this host takes the interface of the address they reach it at, when the group is made",
+        )
     found = interface_of(source)
     if found is None:
         return Network(None, f"the interface of {source}, the route's source address, cannot be told")
     variables = {n: found for n in names if n not in given}
     reason = f"{found} ({source}) is where the route to the main address {main_address} leaves from"
-    return Network(found, reason, variables, main_seen_as=target)
+    return Network(found, reason, variables, main_seen_as=seen_as)
 
 
 def main_host_network(seen_as: str, backend: str) -> Network | None:
