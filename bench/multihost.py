@@ -83,7 +83,14 @@ def _all_reduce(bed, args: argparse.Namespace) -> None:
     processes = [
         host.popen(
             [sys.executable, __file__, "--rank", "--blocks", str(args.blocks), "--iters", str(args.iters)],
-            env=_env(RANK=str(i), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR=MAIN, MASTER_PORT="29700"),
+            env=_env(
+                RANK=str(i),
+                LOCAL_RANK="0",
+                NODE_RANK=str(i),
+                WORLD_SIZE="2",
+                MASTER_ADDR=MAIN,
+                MASTER_PORT="29700",
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
