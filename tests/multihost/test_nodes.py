@@ -137,25 +137,30 @@ def test_nodes_that_resolved_different_plans_stop_with_the_difference(
 
 
 def test_a_rank_that_cannot_reach_another_says_so(bed, run_nodes):
-    """gloo told to listen on loopback on both hosts: rank 0, which connects
-    to rank 1, is refused, and says where it tried, why that address cannot
-    work and what to do; node 1 stops with that cause."""
+    """gloo told to listen on loopback on both hosts: the rank that dials
+    the other (gloo's choice) is refused, and says where it tried, why that
+    address cannot work and what to do; both nodes stop with that cause."""
     runs = run_nodes(
         bed.hosts,
         [phalanx_run(n, "--strategy", "ddp", "--devices", "1", main=MAIN) for n in (0, 1)],
         env={"GLOO_SOCKET_IFNAME": "lo"},
     )
+    causes = set()
     for run in runs:
         assert run.returncode == 1, run.describe()
+        closing = re.search(r"phalanx run: rank (\d) \(node \1, host node\1\) raised first", run.stderr)
+        assert closing, run.describe()
+        rank = int(closing.group(1))
+        causes.add(rank)
         text = run.stdout + run.stderr
         assert (
-            "[rank0]: phalanx_core.errors.CollectiveConnectionError: setup() on the 'torch' collective (gloo, rank 0 of 2 on node0)"
-            in text
-        )
-        assert "could not connect to another rank at [127.0.0.1]:" in text
+            f"[rank{rank}]: phalanx_core.errors.CollectiveConnectionError: setup() on the 'torch' "
+            f"collective (gloo, rank {rank} of 2 on node{rank}) could not connect to another rank at "
+            "[127.0.0.1]:"
+        ) in text, run.describe()
         assert "Connection refused. 127.0.0.1 is a loopback address" in text
-        assert "rank 0 (node 0, host node0) raised first" in run.stderr
         assert "did not complete within" not in text
+    assert len(causes) == 1  # the same cause on both nodes
 
 
 def test_explain_shows_the_interface_each_host_chooses(bed):

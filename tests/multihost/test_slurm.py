@@ -201,12 +201,21 @@ def slurm(bed: TestBed):
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_srun_runs_one_job_across_two_hosts(slurm, bed, run_nodes, python, per_node):
     node0 = bed.hosts[0]
+    # Each task runs the script through `phalanx run`, in place: it ends the
+    # task without Python's finalization, where torch's gloo threads can
+    # abort a finished process (SIGABRT, "terminate called without an
+    # active exception": 2 tasks in about 40 here with `python SCRIPT`).
+    flags = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", str(per_node), "--num-nodes", "2"]
     command = [
         "srun",
         "-N2",
         f"--ntasks-per-node={per_node}",
         "--kill-on-bad-exit=1",
         python,
+        "-m",
+        "phalanx",
+        "run",
+        *flags,
         SCRIPT,
         str(per_node),
     ]
