@@ -456,6 +456,8 @@ class Collective(ABC):
     #: ``setup`` and sets :attr:`plan_checked`; otherwise the strategy
     #: compares it with :meth:`all_gather_object` right after ``setup``.
     plan_facts: Mapping[str, str] | None = None
+    #: Set by a collective whose ``setup`` compared :attr:`plan_facts`
+    #: across the nodes itself.
     plan_checked: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from phalanx_core.errors import (
+    CollectiveConnectionError,
     CollectiveTimeoutError,
     MisconfigurationError,
     NotInGroupError,
     PhalanxError,
+    PlanMismatchError,
     PluginError,
     UnavailableError,
     UnknownNameError,
@@ -34,12 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Choice",
+    "CollectiveConnectionError",
     "CollectiveTimeoutError",
     "Entry",
     "MisconfigurationError",
     "NotInGroupError",
     "PhalanxError",
     "Plan",
+    "PlanMismatchError",
     "PluginError",
     "PluginRecord",
     "Provider",
