@@ -104,12 +104,15 @@ def test_ddp_over_gloo_across_two_hosts(bed, run_nodes, main):
         assert not any(ipaddress.ip_address(a).is_loopback for a in result["listening"]), result
 
 
-def test_openmpi_beside_a_docker_bridge_needs_the_hosts_network_named(bed, run_nodes):
+@pytest.mark.parametrize("how", ["named", "chosen-by-name", "chosen-by-address"])
+def test_openmpi_beside_a_docker_bridge_stays_on_the_hosts_network(bed, run_nodes, how):
     """Each host also has ``docker0`` at 172.17.0.1, as every host with
     Docker does: OpenMPI's TCP transport then takes a peer's 172.17.0.1 for
     a way to it and reaches its own host instead (it hangs, 'received
     unexpected process identifier'). ``btl_tcp_if_include`` with the
-    hosts' network keeps it on the bridge."""
+    hosts' network keeps it on the bridge: named by the user, or chosen by
+    the ``mpi`` collective from the route to ``MASTER_ADDR`` (node0's name,
+    which leads to loopback on node0 itself, or its address)."""
     for host in bed.hosts:
         for step in (
             ["link", "add", "docker0", "type", "veth", "peer", "name", "vethd"],
@@ -119,8 +122,8 @@ def test_openmpi_beside_a_docker_bridge_needs_the_hosts_network_named(bed, run_n
         ):
             subprocess.run(["ip", "-n", host.namespace, *step], check=True, capture_output=True, timeout=30)
     network = str(ipaddress.ip_network(f"{bed.hosts[0].address}/24", strict=False))
-    command, env = mpirun(
-        bed, 2, "--mca", "btl_tcp_if_include", network, "-x", "MASTER_ADDR=node0", job=("--collective", "mpi")
-    )
+    main = bed.hosts[0].address if how == "chosen-by-address" else "node0"
+    named = ("--mca", "btl_tcp_if_include", network) if how == "named" else ()
+    command, env = mpirun(bed, 2, *named, "-x", f"MASTER_ADDR={main}", job=("--collective", "mpi"))
     [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=120)
     check_job(run, bed, 2, "mpi")

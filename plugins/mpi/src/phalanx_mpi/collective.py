@@ -59,12 +59,43 @@ __all__ = ["MPICollective"]
 _LIBNBC_DEFAULTS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3"}
 
 
+#: The variables that name Open MPI's TCP transport's networks.
+_TCP_NETWORK_VARS = ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude")
+
+
+def _tcp_network() -> dict[str, str]:
+    """Open MPI's TCP transport kept on the network that joins the hosts.
+
+    Left alone, it takes every interface but loopback, and a network every
+    host has on its own (Docker's bridge, 172.17.0.1 on each) leads it to
+    its own host instead of the peer: the job hangs at its first
+    collective. Where the job spans hosts (``MASTER_ADDR`` leads away from
+    this host) and you named no network (``OMPI_MCA_btl_tcp_if_include`` /
+    ``_exclude``), this names the network of the interface the route to
+    ``MASTER_ADDR`` leaves from (``192.168.77.0/24``), the same on every
+    host of that network. Nothing where the route is over loopback (one
+    host, or node 0 knowing itself by a name that leads to loopback)."""
+    from phalanx_core.network import interface_network, interface_of, is_loopback, route_source
+
+    main = os.environ.get("MASTER_ADDR")
+    if not main or any(os.environ.get(name) for name in _TCP_NETWORK_VARS):
+        return {}
+    try:
+        source = route_source(main)
+    except OSError:
+        return {}
+    interface = None if is_loopback(source) else interface_of(source)
+    network = interface_network(interface) if interface else None
+    return {_TCP_NETWORK_VARS[0]: network} if network else {}
+
+
 @functools.cache
 def _mpi() -> Any:
     """mpi4py's MPI, imported once (this runs on every operation)."""
     if "mpi4py.MPI" not in sys.modules:
         for name, value in _LIBNBC_DEFAULTS.items():
             os.environ.setdefault(name, value)
+        os.environ.update(_tcp_network())
     try:
         from mpi4py import MPI
     except ImportError as exc:  # the registry checks `needs` first; this is for direct use

@@ -22,12 +22,12 @@ made (the default group, ``new_group``, ``monitored_barrier``'s helper);
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import ipaddress
 import os
 import socket
 from typing import Any
+
+from phalanx_core.network import interface_of, interfaces, is_loopback, route, route_source
 
 __all__ = [
     "LOOPBACK",
@@ -43,30 +43,6 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 _GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
-_SIOCGIFADDR = 0x8915  # Linux
-
-
-def route_source(main_address: str, main_port: int) -> str:
-    """The local address this host sends from to reach ``main_address``:
-    the source address of the kernel's route to it, asked with a UDP
-    ``connect()``, which sends nothing. Raises ``OSError`` where the name
-    does not resolve (``socket.gaierror``) or no route leads there."""
-    return _route(main_address, main_port)[0]
-
-
-def _route(main_address: str, main_port: int) -> tuple[str, str]:
-    """The route's source address, and the address ``main_address`` resolves to."""
-    family, _, _, _, target = socket.getaddrinfo(main_address, main_port, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect(target)
-        return str(probe.getsockname()[0]).split("%")[0], str(target[0])
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def listen_address(main_address: str, main_port: int, num_nodes: int) -> str:
@@ -109,11 +85,6 @@ class Network:
         return f"{backend} on {self.interface}: {self.reason}"
 
 
-def interfaces() -> list[str]:
-    """The names of this host's network interfaces."""
-    return sorted(name for _, name in socket.if_nameindex())
-
-
 def choose_network(main_address: str, main_port: int, backend: str, interface: str | None = None) -> Network:
     """The interface for the ranks' connections to each other: ``interface``
     where given (the collective's option); else the one set in
@@ -123,10 +94,10 @@ def choose_network(main_address: str, main_port: int, backend: str, interface: s
     names = [INTERFACE_VARS["gloo"]] + ([INTERFACE_VARS[backend]] if backend in INTERFACE_VARS else [])
     names = list(dict.fromkeys(names))
     try:
-        source, target = _route(main_address, main_port)
-        route: OSError | None = None
+        source, target = route(main_address, main_port)
+        failure: OSError | None = None
     except OSError as exc:
-        source, target, route = "", "", exc
+        source, target, failure = "", "", exc
     # Where the route leaves this host, the other hosts know the main
     # address as ``target`` too: node 0, whose own name may lead to
     # loopback, learns its address from them.
@@ -149,17 +120,17 @@ def choose_network(main_address: str, main_port: int, backend: str, interface: s
     if len(given) == len(names):
         first, value = next(iter(given.items()))
         return Network(value, f"{first}={value} in the environment", main_seen_as=seen_as)
-    if isinstance(route, socket.gaierror):
+    if isinstance(failure, socket.gaierror):
         problem = (
             f"the main address {main_address!r} (MASTER_ADDR) does not resolve on this host "
-            f"({socket.gethostname()}): {route.strerror}. Give node 0's address as this host can "
+            f"({socket.gethostname()}): {failure.strerror}. Give node 0's address as this host can "
             "resolve it (an IP address works everywhere)"
         )
         return Network(None, problem, problem=problem)
-    if route is not None:
+    if failure is not None:
         problem = (
             f"no route from this host ({socket.gethostname()}) to the main address {main_address} "
-            f"(MASTER_ADDR): {route.strerror}. Check that node 0 is on a network this host reaches"
+            f"(MASTER_ADDR): {failure.strerror}. Check that node 0 is on a network this host reaches"
         )
         return Network(None, problem, problem=problem)
     if is_loopback(source):
@@ -203,39 +174,6 @@ def listening_socket(address: str, port: int = 0) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def interface_of(address: str) -> str | None:
-    """The name of the network interface that has ``address`` (Linux; an
-    IPv4 address must be the interface's first), or ``None`` where it
-    cannot be told."""
-    if not address:
-        return None
-    try:
-        wanted = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return None
-    if wanted.version == 6:
-        with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as table:
-            for line in table:
-                fields = line.split()
-                if len(fields) == 6 and ipaddress.IPv6Address(int(fields[0], 16)) == wanted:
-                    return fields[5]
-        return None
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # not a POSIX system
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            try:
-                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address, or not Linux
-                continue
-            if socket.inet_ntoa(reply[20:24]) == str(wanted):
-                return name
-    return None
 
 
 def one_thread(num_processes: int) -> dict[str, str]:

@@ -11,8 +11,7 @@ import socket
 import zlib
 
 from phalanx_core import MisconfigurationError
-
-from ._listen import is_loopback, route_source
+from phalanx_core.network import is_loopback, route_source
 
 _LOOPBACK = "127.0.0.1"
 #: Any port, for a route's source address (a UDP connect sends nothing).
