@@ -37,6 +37,7 @@ from phalanx_core import (
     timed_out,
 )
 from phalanx_core.accelerator import Accelerator
+from phalanx_core.network import is_loopback
 
 from . import _listen
 
@@ -583,7 +584,7 @@ class TorchCollective(Collective):
                 "(GLOO_SOCKET_IFNAME names a loopback interface there, or its host name maps to loopback "
                 "and no interface was chosen). Give the collective interface= (or set GLOO_SOCKET_IFNAME) "
                 "on every node: the interface that joins the nodes"
-                if _listen.is_loopback(host)
+                if is_loopback(host)
                 else " Check that the rank there is running, and that no firewall stands between the hosts"
             )
             return CollectiveConnectionError(
