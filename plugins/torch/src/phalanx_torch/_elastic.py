@@ -240,7 +240,11 @@ class SubprocessLauncher(Launcher):
                 elastic_launch(config, sys.executable)(*command)
             except ChildFailedError as exc:
                 local = _first_failure(exc, self.node_rank if self.num_nodes > 1 else None)
-                first = watch.settle(local)
+                try:
+                    first = watch.settle(local)
+                except SignalException:  # the watch's signal, sent as this node's ranks failed too
+                    candidates = [local] + ([watch.remote] if watch.remote is not None else [])
+                    first = min(candidates, key=_Failure.order)
                 if first is not local and prefix_lines:
                     _print_elsewhere(first)
                 raise _worker_failed("subprocess", first, self.world_size, _stopped(self.num_nodes)) from exc
@@ -556,7 +560,8 @@ class _NodeWatch:
     :meth:`_Failure.order` over every post: a rank that raised comes before
     a rank that lost its peer as a result. Node 0 hosts the store, so after
     a failure it waits (at most ``HOLD`` seconds) until every other node has
-    read the posts. One node: nothing to watch.
+    said it is done reading the posts (``done/<node>``). One node: nothing
+    to watch.
     """
 
     POLL = 0.2
@@ -588,14 +593,13 @@ class _NodeWatch:
         if self._thread is not None:
             self._thread.join(self.POLL * 5)
 
-    def _interrupt(self, failure: _Failure) -> None:
+    def _interrupt(self) -> None:
         """Stop this node's ranks: SIGTERM, which elastic's agent handles by
-        stopping them, and which ends its run with a SignalException."""
+        stopping them, and which ends its run with a SignalException; not
+        once this node's own failure is being settled, or the launch is over."""
         with self._signal_lock:
-            if self._stop.is_set():
-                return
-            self.remote = failure
-            os.kill(os.getpid(), signal.SIGTERM)
+            if not self._stop.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def _connect(self) -> Any:
         with self._lock:
@@ -626,8 +630,9 @@ class _NodeWatch:
                 if store.add("posts", 0):
                     posts = [p for p in self._posts() if p.node != self.node_rank]
                     if posts:
-                        store.add("read", 1)
-                        self._interrupt(min(posts, key=_Failure.order))
+                        self.remote = min(posts, key=_Failure.order)
+                        store.set(f"done/{self.node_rank}", "1")
+                        self._interrupt()
                         return
         except (RuntimeError, ValueError, OSError):
             return  # node 0's store is gone: the job has ended, or node 0 with it
@@ -639,25 +644,32 @@ class _NodeWatch:
             return local
         with self._signal_lock:
             self._stop.set()
+        # What the watch already read counts even if node 0's store is gone
+        # by now (node 0 leaves once every node has read the posts).
+        known = [local] + ([self.remote] if self.remote is not None else [])
+        posts = known
         try:
             store = self._connect()
             store.set(str(self.node_rank), json.dumps(dataclasses.asdict(local)))
             store.add("posts", 1)
             deadline = time.monotonic() + self.HOLD
-            posts = self._posts()
+            posts = self._posts() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:
             # wait a little for the post of the node whose rank is.
-            while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and len(posts) == 1:
+            while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and min(
+                posts, key=_Failure.order
+            ) == local:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(self.POLL)
-                posts = self._posts()
+                posts = self._posts() + known
             if self.node_rank == 0:  # the store goes with this process: let the others read it
-                while store.add("read", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+                others = [f"done/{node}" for node in range(1, self.num_nodes)]
+                while not store.check(others) and time.monotonic() < deadline:
                     time.sleep(self.POLL)
             else:
-                store.add("read", 1)
+                store.set(f"done/{self.node_rank}", "1")
         except (RuntimeError, ValueError, OSError):
-            return local  # node 0's store is gone
+            pass  # node 0's store is gone: what was read before counts
         first = min(posts, key=_Failure.order)
         return local if first == local else first
