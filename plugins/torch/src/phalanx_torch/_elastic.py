@@ -349,7 +349,9 @@ def _static_rendezvous_class() -> type:
                     self._store = hosted_store(
                         address, self.master_port, world_size=self.world_size, timeout=self.timeout
                     )
-            return super().next_rendezvous()
+            info = super().next_rendezvous()
+            _RENDEZVOUS_DONE.set()  # node 0's store is up: the node watch may connect
+            return info
 
     return StaticRendezvous
 
@@ -547,6 +549,10 @@ def _print_elsewhere(failure: _Failure) -> None:
     sys.stderr.flush()
 
 
+#: Set by the static rendezvous once this node has met the others.
+_RENDEZVOUS_DONE = threading.Event()
+
+
 class _NodeWatch:
     """Tells every node of a job when a rank on one of them fails, through
     node 0's rendezvous store, so that no node waits for a peer that is gone.
@@ -582,6 +588,7 @@ class _NodeWatch:
         self._signal_lock = threading.Lock()
 
     def __enter__(self) -> _NodeWatch:
+        _RENDEZVOUS_DONE.clear()
         if self.num_nodes > 1 and self.endpoint and threading.current_thread() is threading.main_thread():
             self._thread = threading.Thread(target=self._watch, name="phalanx-node-watch", daemon=True)
             self._thread.start()
@@ -624,6 +631,11 @@ class _NodeWatch:
         return found
 
     def _watch(self) -> None:
+        # Connect once this node has met the others at node 0's store (not
+        # while the agent's own client is still connecting to it).
+        while not _RENDEZVOUS_DONE.wait(self.POLL):
+            if self._stop.is_set():
+                return
         try:
             store = self._connect()
             while not self._stop.wait(self.POLL):
