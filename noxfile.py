@@ -1,5 +1,6 @@
 """Every way phalanx is checked, as nox sessions. ``nox`` runs the default
-ones (lint, typecheck, tests, docs, slurm, mpi); ``nox -s tests`` one of them.
+ones (lint, typecheck, tests, docs, slurm, mpi, multihost, ray, horovod, xla);
+``nox -s tests`` one of them.
 ``slurm`` and ``mpi`` install Debian packages with apt-get: they need root
 on a Debian or Ubuntu machine (CI).
 
@@ -25,7 +26,18 @@ PACKAGES = [
 ]
 TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir()] + ["tests"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "slurm", "mpi", "multihost", "horovod", "xla"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "docs",
+    "slurm",
+    "mpi",
+    "multihost",
+    "ray",
+    "horovod",
+    "xla",
+]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -140,6 +152,26 @@ def multihost(session: nox.Session) -> None:
     session.install("pytest>=8")
     env = {"PHALANX_REAL_RUNS": "multihost", **root}
     session.run("pytest", *(session.posargs or ["tests/multihost"]), env=env)
+
+
+#: The ray phalanx-ray is tested with (its pyproject's ``ray`` extra pins it).
+RAY = "ray[default]==2.60.0"
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """phalanx-ray against real Ray (``RAY``): the plugin's tests, which
+    plugins/ray/tests/conftest.py collects only when PHALANX_REAL_RUNS names
+    ray. The launcher conformance suite (each launch on a local Ray instance
+    it starts and stops), ``ddp``, ``fsdp`` and ``manual`` to the weights of
+    ``spawn``, warm ranks across launches, a raising rank, a killed actor and
+    Ctrl-C; a Ray cluster started outside the tests (joined, and left
+    running), and one of two Ray nodes on two hosts of the multi-host test
+    bed (network namespaces: needs root and iproute2)."""
+    apt_install(session, "iproute2")
+    install_packages(session)
+    session.install(RAY, "pytest>=8")
+    session.run("pytest", "plugins/ray/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "ray"})
 
 
 @nox.session

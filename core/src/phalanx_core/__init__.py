@@ -46,7 +46,7 @@ from .specs import (
     Spec,
     StrategySpec,
 )
-from .strategy import Strategy
+from .strategy import Strategy, teardown_kept_ranks
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -95,6 +95,7 @@ __all__ = [
     "timed_out",
     "hookimpl",
     "parse_device_indices",
+    "teardown_kept_ranks",
 ]
 
 __version__ = "0.1.0"

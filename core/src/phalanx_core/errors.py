@@ -156,6 +156,8 @@ class WorkerFailedError(PhalanxError, RuntimeError):
             return f"{who} raised first; its traceback is in {where}"
         if self.signal:
             return f"{who} was killed by {self.signal} first; its output is in {where}"
+        if self.exitcode is None:
+            return f"{who} died first, how could not be seen; its output is in {where}"
         return f"{who} exited with code {self.exitcode} first; its output is in {where}"
 
     @property

@@ -39,17 +39,35 @@ class Launcher(ABC):
     does not create processes lets the exception of ``fn`` through
     unchanged, since nothing else needs stopping.
 
+    A launcher that cannot see how a rank's process ended (a Ray actor's
+    exit status is its raylet's, not the launching process's) names the
+    rank and its node, and says so, with ``exitcode`` and ``signal``
+    ``None``.
+
+    **Warm ranks.** A launcher whose ranks outlive one launch (``ray`` with
+    ``keep_alive=True``) sets :attr:`keeps_ranks`: each rank is then set up
+    at its first launch and stays set up, its group included, and every
+    later launch of the same strategy runs on that same strategy object
+    (:attr:`Strategy.rank_state <phalanx_core.Strategy.rank_state>` holds
+    what a rank keeps). :meth:`teardown`, which ``strategy.teardown()``
+    calls in the launching process, ends them; in a warm rank,
+    ``phalanx_core.teardown_kept_ranks()`` tears the kept strategies down.
+
     Callers never check a launcher's type: everything that differs between
     launchers is behind :meth:`launch` and :attr:`is_interactive_compatible`.
+    A launcher whose constructor takes ``accelerator`` gets the strategy's
+    accelerator from the registry (to ask a cluster for the right devices).
 
     Attributes:
         is_interactive_compatible: works in a notebook or REPL (it does not
             re-run ``__main__``).
         creates_processes: makes processes (``False`` for ``in_process``).
+        keeps_ranks: its ranks stay up between launches (see above).
     """
 
     is_interactive_compatible: ClassVar[bool] = False
     creates_processes: ClassVar[bool] = True
+    keeps_ranks: bool = False
 
     def __init__(
         self,
@@ -111,6 +129,12 @@ class Launcher(ABC):
         values: list[T | None] = [None] * max(size, rank + 1)
         values[rank] = result
         return values
+
+    def teardown(self) -> None:  # noqa: B027 - optional hook, nothing kept by default
+        """Release what this launcher keeps between launches (warm ranks,
+        a cluster connection); called by ``strategy.teardown()``. Safe to
+        call more than once, and in a rank, where there is nothing to
+        release."""
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run a Python program as every rank's main program, which is what

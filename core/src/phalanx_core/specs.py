@@ -161,11 +161,18 @@ class LauncherSpec(Spec):
         creates_processes: the launcher makes processes. Launchers that do
             not (``in_process``) are the ones used where a cluster
             environment already made them (torchrun, srun, mpirun).
+        environment: the environment its ranks run in, used instead of
+            detection when this launcher is chosen and no environment is
+            named (``ray``: the ranks are Ray actors, and the process that
+            launches them is no rank of any scheduler). A scheduler detected
+            here that already started the processes still wins (inside the
+            ranks, that is this same environment).
     """
 
     kind: ClassVar[Kind] = Kind.LAUNCHER
     interactive: bool = False
     creates_processes: bool = True
+    environment: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import sys
+import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast, overload
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .environment import ClusterEnvironment
     from .precision import Precision
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "teardown_kept_ranks"]
 
 T = TypeVar("T")
 
@@ -59,13 +60,35 @@ def _this_script() -> list[str] | None:
     return [path, *sys.argv[1:]]
 
 
+#: The strategies this process keeps set up between launches (a warm rank of
+#: a launcher that ``keeps_ranks``), by :attr:`Strategy._key`.
+_KEPT: dict[str, Strategy] = {}
+
+
 def _run_rank(strategy: Strategy, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
     """What a launcher runs in every rank: set the strategy up, call the
-    user's function with it, tear it down."""
+    user's function with it, tear it down. In a warm rank (the launcher
+    ``keeps_ranks``), the strategy set up at the first launch is kept and
+    used again, and nothing is torn down."""
+    if getattr(strategy.launcher, "keeps_ranks", False):
+        kept = _KEPT.get(strategy._key)
+        if kept is None:
+            strategy.setup_environment()
+            kept = _KEPT[strategy._key] = strategy
+        return fn(kept, *args, **kwargs)
     strategy.setup_environment()
     try:
         return fn(strategy, *args, **kwargs)
     finally:
+        strategy.teardown()
+
+
+def teardown_kept_ranks() -> None:
+    """Tear down every strategy this process keeps set up between launches
+    (see :attr:`Launcher.keeps_ranks <phalanx_core.Launcher.keeps_ranks>`):
+    what a warm rank calls before it ends. Safe to call more than once."""
+    while _KEPT:
+        _, strategy = _KEPT.popitem()
         strategy.teardown()
 
 
@@ -145,6 +168,15 @@ class Strategy:
 
     _hang_watch: HangWatch | None = None
     _launched_here: bool = False  # set up by launch() with no function
+    #: Names this strategy across the processes its copies are pickled to
+    #: (a warm rank keeps the one it set up under it).
+    _key: str = ""
+    #: What this rank keeps between launches. With warm ranks (launcher
+    #: ``ray`` with ``keep_alive=True``) the same dict is there at the next
+    #: launch of the same strategy, in the same process, with the model a
+    #: first launch put in it; elsewhere each launch starts with the
+    #: launching process's (empty) dict.
+    rank_state: dict[str, Any]
     #: The registry's plan this strategy was built from (``phalanx.Plan``:
     #: ``plan.strategy.name``, each part's name and why it was chosen,
     #: ``plan.options`` as given); ``None`` for a strategy built by hand.
@@ -174,6 +206,8 @@ class Strategy:
                 "where an operation has none), 'warn' (a warning instead of the error) or False"
             )
         self.deterministic = deterministic
+        self._key = uuid.uuid4().hex
+        self.rank_state = {}
         raw = os.environ.get(HANG_REPORT_VAR) if hang_report is None else None
         #: Seconds before a waiting operation is reported (``inf``: never).
         self.hang_report = (
@@ -466,7 +500,10 @@ class Strategy:
         )
 
     def teardown(self) -> None:
-        """Leave the group and release what setting up took."""
+        """Leave the group and release what setting up took; in the
+        launching process, also what the launcher keeps between launches
+        (warm ranks: :meth:`Launcher.teardown <phalanx_core.Launcher.teardown>`)."""
+        self.launcher.teardown()
         if self._hang_watch is not None:
             self._hang_watch.stop()
             self._hang_watch = None

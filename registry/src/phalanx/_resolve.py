@@ -445,6 +445,28 @@ def _detect_environment(registry: Registry) -> Choice:
     )
 
 
+def _launchers_environment(registry: Registry, launcher: Any, detected: Choice) -> Choice:
+    """The environment the chosen launcher's ranks run in, where its spec
+    names one (``ray``), instead of the one detected; unless what was
+    detected already started the processes (a scheduler's ranks, or this
+    launcher's own, where that environment detects itself)."""
+    if not isinstance(launcher, str):
+        return detected
+    try:
+        spec = registry.get(Kind.LAUNCHER, launcher).spec
+    except PhalanxError:
+        return detected  # unknown: _pick_launcher says so
+    brought = spec.environment if isinstance(spec, LauncherSpec) else None
+    if brought is None or detected.name == brought:
+        return detected
+    env_class = type(detected.instance) if detected.instance is not None else None
+    if env_class is None:
+        env_class = registry.get(Kind.ENVIRONMENT, _qualified(detected)).load()
+    if getattr(env_class, "creates_processes_externally", False):
+        return detected  # _pick_launcher refuses a launcher that makes processes there
+    return _named(registry, Kind.ENVIRONMENT, brought, f"where launcher {spec.name!r} runs its ranks")
+
+
 def _qualified(choice: Choice) -> str:
     """The name that finds exactly this choice's entry again."""
     if choice.provider is not None and choice.provider.distribution:
@@ -569,7 +591,9 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     elif spec.environment is not None:
         environment = _named(registry, Kind.ENVIRONMENT, spec.environment, "the strategy's default")
     else:
-        environment = _detect_environment(registry)
+        environment = _launchers_environment(
+            registry, flags["launcher"] or spec.launcher, _detect_environment(registry)
+        )
     precision_flag = flags["precision"]
     if isinstance(precision_flag, int) and not isinstance(precision_flag, bool):
         precision_flag = str(precision_flag)
@@ -625,7 +649,7 @@ _GIVEN: dict[Kind, tuple[str, ...]] = {
     Kind.ENVIRONMENT: (),
     Kind.PRECISION: ("accelerator",),
     Kind.COLLECTIVE: (),
-    Kind.LAUNCHER: ("environment", "num_processes", "num_nodes"),
+    Kind.LAUNCHER: ("environment", "num_processes", "num_nodes", "accelerator"),
     Kind.STRATEGY: (
         "accelerator",
         "environment",
@@ -755,13 +779,16 @@ def build(registry: Registry, plan: Plan) -> Strategy:
     _check_external_world(environment, len(parallel_devices), plan.num_nodes)
     precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
     collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
+    found = targets[Kind.LAUNCHER]
+    takes_accelerator = found is not None and "accelerator" in (_accepted_options(found[1]) or ())
     launcher = _construct(
-        targets[Kind.LAUNCHER],
+        found,
         launch,
         options[Kind.LAUNCHER],
         environment=environment,
         num_processes=len(parallel_devices),
         num_nodes=plan.num_nodes,
+        **({"accelerator": accelerator} if takes_accelerator else {}),
     )
     strategy: Strategy = _construct(
         targets[Kind.STRATEGY],

@@ -301,6 +301,12 @@ class LauncherSuite:
         num_processes: ranks per launch (2).
         options: more keywords for :func:`phalanx.resolve`.
         hang_guard: seconds after which a test counts as hung.
+        sees_exit_codes: the launching process can see how a rank's
+            process ended (its exit code or signal). ``False`` for a
+            launcher whose ranks are other programs' children (Ray actors,
+            whose raylet reaps them): a rank killed by SIGKILL must then
+            still be named, with its node, and said to have died without a
+            traceback, with ``exitcode`` and ``signal`` ``None``.
     """
 
     launcher: ClassVar[str] = ""
@@ -309,6 +315,7 @@ class LauncherSuite:
     num_processes: ClassVar[int] = 2
     options: ClassVar[Mapping[str, Any]] = {}
     hang_guard: ClassVar[float] = 180.0
+    sees_exit_codes: ClassVar[bool] = True
 
     def resolve(self) -> Any:
         """The strategy the tests launch, with your launcher by name."""
@@ -343,7 +350,14 @@ class LauncherSuite:
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
             self.resolve().launch(kill_on_rank, last)
         assert info.value.rank == last, info.value
-        assert info.value.signal == "SIGKILL" or info.value.exitcode in (-9, 137), info.value
+        if self.sees_exit_codes:
+            assert info.value.signal == "SIGKILL" or info.value.exitcode in (-9, 137), info.value
+        else:
+            assert info.value.signal is None, info.value
+            assert info.value.exitcode is None, info.value
+            assert info.value.node is not None, info.value
+            assert not info.value.traceback, info.value
+            assert "without a Python traceback" in str(info.value), info.value
 
     def test_a_flat_script_launches_itself(self, tmp_path: Any) -> None:
         """``python flat.py`` whose script calls ``strategy.launch()`` with no

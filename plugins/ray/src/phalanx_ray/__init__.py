@@ -1,0 +1,1 @@
+"""phalanx-ray: run any phalanx strategy on a Ray cluster, one actor per rank."""

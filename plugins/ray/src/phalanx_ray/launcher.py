@@ -1,0 +1,624 @@
+"""The ``ray`` launcher: one Ray actor per rank, placed in a placement group.
+
+**Where the ranks run.** With ``address=`` (a Ray address, ``"auto"``, or
+``RAY_ADDRESS`` set) the launcher joins that cluster and never stops it;
+in a process that already called ``ray.init()``, it uses that instance;
+otherwise it starts a local Ray instance for the job and stops it after.
+The ranks are packed as the strategy says: one placement-group bundle per
+node (``devices`` ranks, each with ``cpus_per_rank`` CPUs, and a GPU each
+under ``accelerator="cuda"``), on as many distinct Ray nodes as
+``num_nodes`` (``STRICT_SPREAD``). A group the cluster can never hold is
+refused at once, naming what was asked and what each node has; one whose
+resources exist but are in use is waited for ``placement_timeout`` seconds.
+
+**The rank protocol.** Every actor gets the variables the ``ray``
+environment and torch's ``env://`` rendezvous read (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``, ``PHALANX_RAY_JOB``), and the launching
+process's ``PHALANX_*`` variables (``phalanx run``'s flags). Rank 0's actor
+hosts the rendezvous ``TCPStore`` on a port the kernel gives, on
+``127.0.0.1`` for one node and on its node's address for several; the
+ranks join it as clients (``TORCHELASTIC_USE_AGENT_STORE``). Under
+``cuda``, the actors of a node see every GPU the node's ranks were given
+(``CUDA_VISIBLE_DEVICES``), local rank *i* the *i*-th, as torchrun's do.
+
+**Output.** What a rank writes to its stdout and stderr (its file
+descriptors: native code's lines too) is printed by the launching process,
+each line prefixed ``[rankN]:``, before ``launch`` returns.
+
+**The failure contract.** The first rank that raises, or whose actor dies,
+ends the job: every actor is killed at once (``ray.kill``, which does not
+wait on a method still running), the placement group removed, and
+:class:`~phalanx_core.WorkerFailedError` names the rank, its node and its
+host, with its traceback. A dead actor's exit code cannot be seen from
+here (its raylet reaps it), so ``exitcode`` and ``signal`` are ``None``
+then. Ctrl-C in the launching process does the same, then raises
+``KeyboardInterrupt``.
+
+**Warm ranks.** With ``keep_alive=True`` the actors, their process group
+and the strategy each rank set up stay between launches of the same
+strategy: a notebook cell launches again in milliseconds, and what a rank
+put in ``strategy.rank_state`` is there. ``strategy.teardown()`` (or the
+interpreter's exit) ends them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from phalanx_core import Launcher, MisconfigurationError, UnavailableError, WorkerFailedError
+
+from .environment import JOB_VAR, NODES_VAR, in_rank
+
+if TYPE_CHECKING:
+    from phalanx_core import Accelerator, ClusterEnvironment
+
+__all__ = ["RayLauncher"]
+
+T = TypeVar("T")
+
+#: Seconds to wait for the failure that caused the ones seen first, when
+#: those only say that a peer was lost.
+CAUSE_GRACE = 2.0
+#: Seconds a warm rank has to tear its strategy down before it is killed.
+CLOSE_GRACE = 5.0
+#: The last traceback lines of errors that a peer's failure causes.
+_PEER_LOST = (
+    "CollectiveTimeoutError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "failed to pass monitoredBarrier",
+    "DistNetworkError",
+)
+#: Variables of other launchers' ranks, never carried into Ray's.
+_NOT_CARRIED = ("PHALANX_RERUN_BY", "PHALANX_RESULTS_DIR", "PHALANX_LAUNCH_INDEX", "PHALANX_LAUNCHER_PID")
+_LOOPBACK = "127.0.0.1"
+_TAG = "launcher 'ray'"
+
+
+class RayLauncher(Launcher):
+    """Starts one Ray actor per rank and runs ``fn`` in each; returns every
+    rank's result, indexed by global rank (see the module's docstring).
+
+    Options:
+        address: the Ray cluster to join (``"auto"``, ``"host:6379"``,
+            ``"ray://host:10001"``); default ``RAY_ADDRESS``, else a local
+            Ray instance started for the job.
+        keep_alive: keep the actors and their group up between launches.
+        cpus_per_rank: CPUs Ray reserves for each rank (1).
+        runtime_env: Ray's runtime environment for the actors (``pip``,
+            ``env_vars``, ``working_dir``); ``phalanx run`` ships the working
+            directory to a cluster it joined, unless this names one.
+        placement_timeout: seconds to wait for resources that the cluster
+            has but that are in use (60).
+    """
+
+    is_interactive_compatible: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        environment: ClusterEnvironment | None = None,
+        num_processes: int = 1,
+        num_nodes: int = 1,
+        accelerator: Accelerator | None = None,
+        address: str | None = None,
+        keep_alive: bool = False,
+        cpus_per_rank: float = 1,
+        runtime_env: dict[str, Any] | None = None,
+        placement_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
+        for name, value in (("num_processes", num_processes), ("num_nodes", num_nodes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise MisconfigurationError(f"{_TAG}: {name}={value!r}; expected an int of at least 1")
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise MisconfigurationError(
+                f"{_TAG}: address={address!r}; give a Ray address ('auto', 'host:6379', "
+                "'ray://host:10001'), or none for a local Ray instance"
+            )
+        if not isinstance(keep_alive, bool):
+            raise MisconfigurationError(f"{_TAG}: keep_alive={keep_alive!r}; expected True or False")
+        if (
+            isinstance(cpus_per_rank, bool)
+            or not isinstance(cpus_per_rank, (int, float))
+            or cpus_per_rank < 0
+        ):
+            raise MisconfigurationError(f"{_TAG}: cpus_per_rank={cpus_per_rank!r}; expected a number >= 0")
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise MisconfigurationError(
+                f"{_TAG}: runtime_env={runtime_env!r}; expected a dict of Ray's runtime environment "
+                "(e.g. {'pip': [...], 'env_vars': {...}})"
+            )
+        if (
+            isinstance(placement_timeout, bool)
+            or not isinstance(placement_timeout, (int, float))
+            or placement_timeout <= 0
+        ):
+            raise MisconfigurationError(
+                f"{_TAG}: placement_timeout={placement_timeout!r}; expected seconds, more than 0"
+            )
+        device = getattr(accelerator, "name", "cpu")
+        if device not in ("cpu", "cuda"):
+            raise MisconfigurationError(
+                f"{_TAG} asks Ray for CPUs or GPUs for each rank, and accelerator {device!r} is neither; "
+                "use accelerator='cpu' or 'cuda' with it, or another launcher"
+            )
+        self.device = device
+        self.address = address
+        self.keep_alive = keep_alive
+        self.keeps_ranks = keep_alive
+        self.cpus_per_rank = float(cpus_per_rank)
+        self.runtime_env = dict(runtime_env or {})
+        self.placement_timeout = float(placement_timeout)
+        self._job: _Job | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_job"] = None  # the actors belong to the launching process
+        return state
+
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        if num_nodes == 1:
+            return "127.0.0.1 only: rank 0's actor hosts the rendezvous store, and every rank's gloo"
+        return (
+            "rank 0's actor hosts the rendezvous store on its node's address; every rank's gloo "
+            "listens on the interface that reaches it"
+        )
+
+    @classmethod
+    def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
+        """Yes in its own ranks (a script it runs resolves there)."""
+        return in_rank()
+
+    def runs_in_place(self) -> bool:
+        return in_rank()
+
+    def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
+        if self.runs_in_place():  # a rank of a script this launcher runs: here
+            return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
+        job = self._job if self._job is not None else _Job(self, script=False)
+        try:
+            results = job.run("run", job.put((fn, args, kwargs)))
+        except BaseException:
+            self._job = None
+            job.close()
+            raise
+        if not self.keep_alive:
+            job.close()
+        elif self._job is None:
+            self._job = job
+            atexit.register(self.teardown)
+        return results
+
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run the program as every rank's main program, one actor each.
+        On a cluster it joined, the working directory goes with it as Ray's
+        ``working_dir`` (the script must be inside it); on a local instance
+        the actors run in this directory."""
+        if not command:
+            raise MisconfigurationError("phalanx run: name the script to run (or -m module)")
+        job = _Job(self, script=True)
+        try:
+            job.run("run_script", job.command(list(command)), job.cwd)
+        finally:
+            job.close()
+
+    def teardown(self) -> None:
+        """End the warm ranks (``keep_alive``) and what their job holds."""
+        job, self._job = self._job, None
+        if job is not None:
+            with contextlib.suppress(Exception):
+                atexit.unregister(self.teardown)
+            job.close()
+
+
+# -- one job: its cluster, placement group and actors -----------------------------------
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int
+    when: float
+    traceback: str | None = None
+    exitcode: int | None = None
+    #: Ray's words for an actor that died (no traceback, no exit code).
+    died: str | None = None
+
+    @property
+    def lost_a_peer(self) -> bool:
+        last = (self.traceback or "").strip().splitlines()[-1:]
+        return bool(last) and any(mark in last[0] for mark in _PEER_LOST)
+
+    def order(self) -> tuple[int, float, int]:
+        """A dead actor is a cause; a rank that raised may have raised
+        because a peer was lost, and then comes after one that raised
+        anything else."""
+        kind = 0 if self.died else (2 if self.lost_a_peer else 1)
+        return kind, self.when, self.rank
+
+
+class _Cluster:
+    """The Ray instance of one job: one this process had joined already,
+    one at ``address``, or a local one started for the job."""
+
+    def __init__(self, address: str | None, cpus: float) -> None:
+        import ray
+
+        self.started = False
+        self.joined = False
+        if ray.is_initialized():
+            return
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if address is not None:
+            try:
+                ray.init(address=address, **options)
+            except ConnectionError as exc:
+                raise UnavailableError(
+                    f"{_TAG}: no Ray cluster answers at address={address!r} ({exc}). Start one "
+                    "(`ray start --head`), check the address, or give no address (and unset "
+                    "RAY_ADDRESS) for a local Ray instance started for the job"
+                ) from None
+            self.joined = True
+        else:
+            # The job's own instance: as many CPUs as its ranks reserve, as
+            # spawn starts as many ranks as asked on any machine.
+            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False, **options)
+            self.started = True
+
+    def close(self) -> None:
+        import ray
+
+        if self.started or self.joined:
+            ray.shutdown()  # stops a local instance; only leaves a cluster joined
+
+
+class _Job:
+    def __init__(self, launcher: RayLauncher, *, script: bool) -> None:
+        import ray
+
+        self.launcher = launcher
+        self.id = uuid.uuid4().hex
+        self.size = launcher.num_processes * launcher.num_nodes
+        self.actors: list[Any] = []
+        self.nodes: list[dict[str, Any]] = []
+        self.pg: Any = None
+        self.outbox: Any = None
+        self.cwd: str | None = None
+        per_rank = launcher.cpus_per_rank
+        self.cluster = _Cluster(launcher.address, per_rank * self.size)
+        try:
+            runtime_env = dict(launcher.runtime_env)
+            if script and not self.cluster.started:
+                runtime_env.setdefault("working_dir", os.getcwd())
+            elif script:
+                self.cwd = os.getcwd()
+            self.working_dir = runtime_env.get("working_dir")
+            self.pg = self._place()
+            from ._actor import Outbox, Rank
+
+            self.outbox = ray.remote(Outbox).options(num_cpus=0, max_restarts=0).remote()
+            rank_actor = ray.remote(Rank)
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            made: list[tuple[int, Any]] = []
+            for node in range(launcher.num_nodes):
+                for _ in range(launcher.num_processes):
+                    options: dict[str, Any] = {
+                        "num_cpus": per_rank,
+                        "num_gpus": 1 if launcher.device == "cuda" else 0,
+                        "max_restarts": 0,
+                        "max_task_retries": 0,
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                            placement_group=self.pg, placement_group_bundle_index=node
+                        ),
+                    }
+                    if runtime_env:
+                        options["runtime_env"] = runtime_env
+                    made.append((node, rank_actor.options(**options).remote(self.outbox, self.id)))
+            infos = self._get([actor.describe.remote() for _, actor in made], "start the ranks' actors")
+            self._number(made, infos)
+            self._rendezvous()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setting up ------------------------------------------------------------------
+
+    def _bundle(self) -> dict[str, float]:
+        launcher = self.launcher
+        bundle = {"CPU": launcher.cpus_per_rank * launcher.num_processes}
+        if launcher.device == "cuda":
+            bundle["GPU"] = float(launcher.num_processes)
+        return {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.001}
+
+    def _place(self) -> Any:
+        """A placement group of one bundle per node, on distinct nodes;
+        refused at once where the cluster can never hold it."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        launcher = self.launcher
+        bundle = self._bundle()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        fits = [n for n in nodes if all(n.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items())]
+        asked = (
+            f"{launcher.num_nodes} node(s) with {_resources(bundle)} each ({launcher.num_processes} rank(s) "
+            f"per node, {launcher.cpus_per_rank:g} CPU{' and 1 GPU' if launcher.device == 'cuda' else ''} "
+            "per rank)"
+        )
+        if len(fits) < launcher.num_nodes:
+            have = "; ".join(_describe_node(n) for n in nodes) or "none alive"
+            raise UnavailableError(
+                f"{_TAG}: the job asks for {asked}, and the Ray cluster can never hold it: "
+                f"{len(fits)} of its {len(nodes)} node(s) could ({have}). Ask for fewer ranks per "
+                "node (devices=), fewer nodes (num_nodes=) or fewer CPUs per rank (cpus_per_rank=), "
+                "or add nodes to the cluster"
+            )
+        pg = placement_group(
+            [bundle] * launcher.num_nodes, strategy="STRICT_SPREAD" if launcher.num_nodes > 1 else "PACK"
+        )
+        done, _ = ray.wait([pg.ready()], timeout=launcher.placement_timeout)
+        if not done:
+            remove_placement_group(pg)
+            free = _resources({k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")})
+            raise UnavailableError(
+                f"{_TAG}: the job asks for {asked}; the cluster has such nodes, but after "
+                f"{launcher.placement_timeout:g} s their resources are still in use (free now, over the "
+                f"whole cluster: {free}). Wait for other jobs to end, or raise placement_timeout="
+            )
+        return pg
+
+    def _number(self, made: list[tuple[int, Any]], infos: list[dict[str, Any]]) -> None:
+        """Global ranks: node by node; within a node, by GPU (so that local
+        rank i uses the i-th GPU the node's actors were given)."""
+        by_node: dict[int, list[tuple[dict[str, Any], Any]]] = {}
+        for (node, actor), info in zip(made, infos, strict=True):
+            by_node.setdefault(node, []).append((info, actor))
+        for node in sorted(by_node):
+            members = sorted(by_node[node], key=lambda pair: [_gpu_key(g) for g in pair[0]["gpus"]])
+            for info, actor in members:
+                self.actors.append(actor)
+                self.nodes.append({**info, "node": node})
+
+    def _rendezvous(self) -> None:
+        launcher = self.launcher
+        main = _LOOPBACK if launcher.num_nodes == 1 else self.nodes[0]["address"]
+        port = self._get([self.actors[0].host_store.remote(main)], "host the rendezvous store")[0]
+        carried = {k: v for k, v in os.environ.items() if k.startswith("PHALANX_") and k not in _NOT_CARRIED}
+        common = {
+            **carried,
+            "WORLD_SIZE": str(self.size),
+            "LOCAL_WORLD_SIZE": str(launcher.num_processes),
+            "MASTER_ADDR": main,
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            JOB_VAR: self.id,
+            NODES_VAR: str(launcher.num_nodes),
+        }
+        gpus: dict[int, list[str]] = {}
+        for info in self.nodes:
+            gpus.setdefault(info["node"], []).extend(info["gpus"])
+        calls = []
+        for rank, (actor, info) in enumerate(zip(self.actors, self.nodes, strict=True)):
+            node = info["node"]
+            variables = {
+                **common,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank - node * launcher.num_processes),
+                "NODE_RANK": str(node),
+                "GROUP_RANK": str(node),
+            }
+            if gpus[node]:
+                variables["CUDA_VISIBLE_DEVICES"] = ",".join(sorted(gpus[node], key=_gpu_key))
+            calls.append(actor.set_variables.remote(rank, variables))
+        self._get(calls, "set up the ranks")
+
+    def _get(self, refs: list[Any], doing: str) -> list[Any]:
+        """``ray.get`` of set-up calls, bounded; a failure says what failed."""
+        import ray
+
+        try:
+            return list(ray.get(refs, timeout=max(self.launcher.placement_timeout, 60.0)))
+        except ray.exceptions.GetTimeoutError:
+            raise UnavailableError(
+                f"{_TAG}: could not {doing} within {max(self.launcher.placement_timeout, 60.0):g} s; "
+                "the cluster is overloaded, or a runtime_env takes long to build (raise "
+                "placement_timeout=)"
+            ) from None
+        except ray.exceptions.RuntimeEnvSetupError as exc:
+            raise UnavailableError(
+                f"{_TAG}: Ray could not set up the runtime environment of the ranks' actors "
+                f"(runtime_env={self.launcher.runtime_env!r}): {_first_lines(str(exc))}"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise UnavailableError(
+                f"{_TAG}: a rank's actor died while the job started: {_first_lines(str(exc))}"
+            ) from None
+
+    def put(self, payload: Any) -> Any:
+        """The function and its arguments, once, in Ray's object store."""
+        import ray
+
+        try:
+            return ray.put(payload)
+        except Exception as exc:
+            fn = getattr(payload[0], "__qualname__", payload[0]) if isinstance(payload, tuple) else payload
+            raise MisconfigurationError(
+                f"{_TAG} sends fn and its arguments to every rank's actor by pickling them "
+                f"(cloudpickle), and {fn!r} or an argument cannot be pickled ({type(exc).__name__}: "
+                f"{exc}). Pass what can be pickled: build models, loaders and open files inside fn"
+            ) from exc
+
+    def command(self, command: list[str]) -> list[str]:
+        """The script's path as the actors see it: relative to the working
+        directory shipped to a cluster, which must hold it."""
+        if command[0] == "-m" or self.working_dir is None:
+            return command
+        root = os.path.abspath(self.working_dir)
+        script = os.path.abspath(command[0])
+        if os.path.commonpath([root, script]) != root:
+            raise MisconfigurationError(
+                f"phalanx run --launcher ray: the script {command[0]!r} is outside the working "
+                f"directory {root!r}, which is what goes to the cluster's nodes (Ray's working_dir); "
+                "run it from a directory that holds it, or give runtime_env={'working_dir': ...}"
+            )
+        return [os.path.relpath(script, root), *command[1:]]
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, method: str, *call: Any) -> list[Any]:
+        """Call ``method`` on every rank's actor and wait for all of them,
+        printing their output; the first failure ends the job."""
+        import ray
+
+        pending = {getattr(actor, method).remote(*call): rank for rank, actor in enumerate(self.actors)}
+        results: dict[int, Any] = {}
+        failures: list[_Failure] = []
+        settle: float | None = None
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.1)
+            self.print_output()
+            for ref in ready:
+                rank = pending.pop(ref)
+                failure = _outcome(ray, ref, rank, results)
+                if failure is not None:
+                    failures.append(failure)
+            if failures:
+                # A rank that raises may make its peers fail with a lost
+                # connection first: while every failure seen is such, wait
+                # a moment for the cause.
+                if not all(f.lost_a_peer for f in failures):
+                    break
+                settle = settle if settle is not None else time.monotonic() + CAUSE_GRACE
+                if time.monotonic() >= settle:
+                    break
+        if failures:
+            self.kill()
+            first = min(failures, key=_Failure.order)
+            raise self._worker_failed(first)
+        self.print_output()
+        return [results[rank] for rank in range(self.size)]
+
+    def print_output(self) -> None:
+        import ray
+
+        if self.outbox is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
+            for rank, stream, lines in ray.get(self.outbox.take.remote(), timeout=30):
+                out = sys.stdout if stream == "out" else sys.stderr
+                out.write("".join(f"[rank{rank}]: {line}\n" for line in lines))
+                out.flush()
+
+    def _worker_failed(self, first: _Failure) -> WorkerFailedError:
+        info = self.nodes[first.rank]
+        where = f"node {info['node']} (host {info['hostname']}, {info['address']})"
+        who = f"rank {first.rank} of {self.size} on {where} ({_TAG})"
+        if first.died is not None:
+            lines = [
+                f"the launched job failed: {who} failed first: its actor died without a Python "
+                f"traceback. Ray says: {_first_lines(first.died)}",
+                "Every other rank's actor was killed. It was killed (SIGKILL from the out-of-memory "
+                "killer, `ray.kill`, `ray stop`) or crashed in native code; its exit code cannot be "
+                f"seen from here. Check the memory use on {info['address']}, and its log: "
+                f"/tmp/ray/session_latest/logs/worker-*-{info['pid']}.err on that node.",
+            ]
+        elif first.traceback:
+            excerpt = "\n".join("    " + line for line in first.traceback.rstrip().splitlines()[-30:])
+            lines = [
+                f"the launched job failed: {who} failed first, raising.",
+                f"Its traceback:\n{excerpt}",
+                f"Every other rank's actor was killed. Fix the error rank {first.rank} raised, shown above.",
+            ]
+        else:
+            lines = [
+                f"the launched job failed: {who} failed first: it exited with code {first.exitcode}.",
+                "Every other rank's actor was killed; its own output above may say why.",
+            ]
+        return WorkerFailedError(
+            "\n".join(lines),
+            rank=first.rank,
+            exitcode=first.exitcode if first.died is None else None,
+            traceback=first.traceback,
+            node=info["node"],
+            host=info["hostname"],
+        )
+
+    # -- ending --------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Every actor at once (not waiting on a method still running), and
+        the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in [*self.actors, self.outbox]:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        self.actors = []
+        self.outbox = None
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+            self.pg = None
+
+    def close(self) -> None:
+        """Warm ranks tear their strategies down (bounded), then every actor
+        is killed and the cluster left (or stopped, if the job started it)."""
+        import ray
+
+        if self.launcher.keep_alive and self.actors:
+            with contextlib.suppress(Exception):
+                ray.wait(
+                    [a.close.remote() for a in self.actors], num_returns=len(self.actors), timeout=CLOSE_GRACE
+                )
+        self.kill()
+        self.cluster.close()
+
+
+def _outcome(ray: Any, ref: Any, rank: int, results: dict[int, Any]) -> _Failure | None:
+    try:
+        message = ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        return _Failure(rank, time.time(), died=str(exc))
+    except ray.exceptions.RayError as exc:  # its result could not come back (unpicklable)
+        return _Failure(
+            rank, time.time(), traceback=f"its result could not be carried back: {_first_lines(str(exc))}\n"
+        )
+    if message[0] == "result":
+        results[rank] = message[1]
+        return None
+    _, text, when, code = message
+    return _Failure(rank, when, traceback=text, exitcode=code)
+
+
+def _resources(bundle: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(bundle.items())) or "nothing"
+
+
+def _describe_node(node: dict[str, Any]) -> str:
+    have = {k: v for k, v in node.get("Resources", {}).items() if k in ("CPU", "GPU")}
+    return f"{node.get('NodeManagerAddress', '?')}: {_resources(have)}"
+
+
+def _gpu_key(gpu: str) -> tuple[int, str]:
+    return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
+
+
+def _first_lines(text: str, count: int = 6) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " ".join(lines[:count])

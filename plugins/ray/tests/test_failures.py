@@ -1,0 +1,114 @@
+"""How a Ray job ends when it fails: a rank that raises while another is
+stuck in a method that never returns, an actor killed with ``ray.kill``,
+and Ctrl-C in the launching process. Each ends in seconds, with every actor
+killed and no process left (the local Ray instance the job started is
+stopped with it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import phalanx
+from phalanx_core import WorkerFailedError
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+
+@pytest.fixture
+def tag(monkeypatch):
+    tag = new_tag()
+    monkeypatch.setenv(TAG_VAR, tag)
+    yield tag
+    left = reap(tag, grace=10, children_of=os.getpid())
+    assert not left, f"processes left behind (killed now): {left}"
+
+
+def raise_while_rank_0_hangs(strategy):
+    if strategy.global_rank == 1:
+        time.sleep(1)
+        raise ValueError("rank 1 gave up")
+    time.sleep(3600)  # not in a collective: only killing ends it
+
+
+def kill_own_actor(strategy):
+    import ray
+
+    if strategy.global_rank == 1:
+        ray.kill(ray.get_runtime_context().current_actor)
+        time.sleep(60)
+    strategy.barrier()
+
+
+def test_a_raising_rank_ends_a_rank_stuck_in_a_method_that_never_returns(tag):
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="ray")
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        strategy.launch(raise_while_rank_0_hangs)
+    print(f"ended {time.monotonic() - started:.1f} s after launch (rank 1 raised at 1 s)")
+    error = info.value
+    assert (error.rank, error.node) == (1, 0), error
+    assert "ValueError: rank 1 gave up" in error.traceback
+    assert "rank 1 of 2 on node 0" in str(error) and "Every other rank's actor was killed" in str(error)
+
+
+def test_an_actor_killed_with_ray_kill_fails_the_job_naming_its_rank(tag):
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="ray")
+    with pytest.raises(WorkerFailedError) as info:
+        strategy.launch(kill_own_actor)
+    error = info.value
+    assert (error.rank, error.node, error.exitcode, error.signal, error.traceback) == (1, 0, None, None, None)
+    assert "its actor died without a Python traceback" in str(error), error
+    assert error.host, error
+
+
+_CTRL_C = """\
+import time
+
+import phalanx
+
+
+def wait(strategy):
+    print("running", flush=True)
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="ray").launch(wait)
+"""
+
+
+def test_ctrl_c_in_the_launching_process_ends_every_rank(tag, tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(textwrap.dedent(_CTRL_C))
+    env = scheduler_free_environment(**{TAG_VAR: tag})
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=tmp_path, start_new_session=True, bufsize=1,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not {"[rank0]: running\n", "[rank1]: running\n"} <= set(lines) and time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.1)
+        assert {"[rank0]: running\n", "[rank1]: running\n"} <= set(lines), lines
+        process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        process.wait(timeout=60)
+        print(f"exited {time.monotonic() - started:.1f} s after SIGINT")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    err = process.stderr.read()
+    assert process.returncode != 0
+    assert "KeyboardInterrupt" in err, err
