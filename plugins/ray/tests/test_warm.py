@@ -105,3 +105,22 @@ def test_teardown_twice_and_a_launch_after_it(tagged):
     finally:
         strategy.teardown()
     assert {pid for pid, _ in again}.isdisjoint(pid for pid, _ in first)
+
+
+def test_two_warm_strategies_share_the_local_instance_until_the_last_ends(tagged):
+    import ray
+
+    one = phalanx.resolve("ddp", accelerator="cpu", devices=1, launcher="ray", keep_alive=True)
+    two = phalanx.resolve("ddp", accelerator="cpu", devices=1, launcher="ray", keep_alive=True)
+    try:
+        one.launch(build)
+        two.launch(build)
+        with pytest.raises(phalanx.MisconfigurationError, match="already joined to a local Ray instance"):
+            phalanx.resolve("ddp", accelerator="cpu", devices=1, launcher="ray", address="auto").launch(build)
+        one.teardown()
+        assert ray.is_initialized()
+        assert two.launch(step)[0][2] == 1  # still warm after the other one ended
+    finally:
+        one.teardown()
+        two.teardown()
+    assert not ray.is_initialized()

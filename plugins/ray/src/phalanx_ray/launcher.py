@@ -251,14 +251,34 @@ class _Failure:
 
 class _Cluster:
     """The Ray instance of one job: one this process had joined already,
-    one at ``address``, or a local one started for the job."""
+    one at ``address``, or a local one started for the job. An instance
+    this launcher started or joined is shut down (left, for a cluster) when
+    the last job using it closes: two warm jobs of one notebook share it."""
+
+    #: Jobs now using the instance a launcher here started or joined, and
+    #: whether that is a local instance it started.
+    _users = 0
+    _ours = False
+    _local = False
+    _address: str | None = None
 
     def __init__(self, address: str | None, cpus: float) -> None:
         import ray
 
-        self.started = False
-        self.joined = False
+        self.closed = False
+        self.started = _Cluster._ours and _Cluster._local
         if ray.is_initialized():
+            joined = _Cluster._address if _Cluster._ours else "the Ray instance ray.init() gave"
+            if address is not None and (not _Cluster._ours or address != _Cluster._address):
+                raise MisconfigurationError(
+                    f"{_TAG}: address={address!r}, but this process is already joined to {joined} "
+                    "(one Ray instance per process); drop address= to run there, or end what uses "
+                    "it first (strategy.teardown() of a warm job, or ray.shutdown())"
+                )
+            if _Cluster._ours:
+                _Cluster._users += 1
+            else:
+                self.closed = True  # the user's own: never shut down here
             return
         address = address or os.environ.get("RAY_ADDRESS") or None
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
@@ -271,17 +291,25 @@ class _Cluster:
                     "(`ray start --head`), check the address, or give no address (and unset "
                     "RAY_ADDRESS) for a local Ray instance started for the job"
                 ) from None
-            self.joined = True
         else:
             # The job's own instance: as many CPUs as its ranks reserve, as
             # spawn starts as many ranks as asked on any machine.
             ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False, **options)
-            self.started = True
+        #: Whether this job's instance is a local one a launcher started.
+        self.started = _Cluster._local = address is None
+        _Cluster._ours = True
+        _Cluster._users = 1
+        _Cluster._address = address or "a local Ray instance started for a job"
 
     def close(self) -> None:
         import ray
 
-        if self.started or self.joined:
+        if self.closed:
+            return
+        self.closed = True
+        _Cluster._users -= 1
+        if _Cluster._users <= 0:
+            _Cluster._ours = False
             ray.shutdown()  # stops a local instance; only leaves a cluster joined
 
 
