@@ -399,6 +399,14 @@ class Work(ABC):
         collective's handles by returning them."""
         return None
 
+    def then(self, finish: Callable[[Any], Any]) -> Work:
+        """A handle for this operation followed by ``finish(its result)``:
+        its :meth:`wait` returns what ``finish`` returns (called once, in
+        the waiting thread). For a collective that wraps another one's
+        operation and has something to do after it (copy a result back,
+        convert it)."""
+        return _Then(self, finish)
+
 
 class CompletedWork(Work):
     """A handle for an operation that already ran (or is lazy, as on XLA):

@@ -1,0 +1,1 @@
+"""phalanx-compose: collectives composed of other collectives, by name."""

@@ -1,0 +1,284 @@
+"""The ``compressed`` collective: another collective, with float32 carried
+in half the bytes.
+
+``resolve("ddp", collective="compressed", inner="mpi", dtype="bf16")``: the
+reductions and gathers (``all_reduce``, ``reduce``, ``reduce_scatter``,
+``all_gather``, ``gather`` and their ``_into`` forms) send a float32 tensor
+as bf16 (or fp16) through the inner collective and give it back in float32;
+every other dtype, every other operation (``broadcast``, ``scatter``,
+``all_to_all``, ``send``/``recv``: they copy values, which must arrive
+exact) and the object operations go to the inner collective as they are.
+Through phalanx's process group for torch, DDP's gradient buckets and
+FSDP's all-gathers and reduce-scatters take this path too.
+
+**Error feedback** (``error_feedback=True``): for ``all_reduce`` with
+``sum`` or ``mean``, what rounding to the wire's dtype lost is kept per
+tensor (by its storage, as DDP reuses its bucket tensors each step) and
+added to that tensor the next time, so the rounding errors do not
+accumulate over the steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from phalanx_core import (
+    DEFAULT_TIMEOUT,
+    Collective,
+    MisconfigurationError,
+    NonMember,
+    Work,
+    check_reduce_op,
+)
+
+from ._parts import make_collective
+
+if TYPE_CHECKING:
+    import torch
+
+    from phalanx_core import Accelerator, ClusterEnvironment, Launcher
+    from phalanx_core.hangs import Board
+
+__all__ = ["CompressedCollective"]
+
+#: The wire dtypes, by the names ``dtype=`` takes.
+_WIRE = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "16": "float16"}
+
+
+class CompressedCollective(Collective):
+    """``inner`` with float32 carried as ``dtype`` in its reductions and
+    gathers (see the module's docstring).
+
+    Options:
+        inner: the collective that carries the bytes, by name (``"torch"``:
+            gloo or nccl by the accelerator, ``"mpi"``, a third party's),
+            or a ready instance.
+        inner_options: keyword arguments for the inner collective
+            (``{"backend": "gloo"}``); its timeout is this one's.
+        dtype: ``"bf16"`` (the default: float32's range, 8 bits of
+            mantissa) or ``"fp16"`` (more mantissa, a range that gradients
+            can overflow).
+        error_feedback: keep what rounding lost in an ``all_reduce`` of a
+            sum or mean, per tensor, and add it next time.
+    """
+
+    name = "compressed"
+
+    def __init__(
+        self,
+        *,
+        inner: str | Collective = "torch",
+        inner_options: Mapping[str, Any] | None = None,
+        dtype: str = "bf16",
+        error_feedback: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(timeout=timeout)
+        if dtype not in _WIRE:
+            raise MisconfigurationError(
+                f"collective 'compressed': dtype={dtype!r}; give 'bf16' (float32's range, less "
+                "precision) or 'fp16' (more precision, a range gradients can overflow)"
+            )
+        if not isinstance(error_feedback, bool):
+            raise MisconfigurationError(
+                f"collective 'compressed': error_feedback={error_feedback!r}; expected True or False"
+            )
+        if inner_options is not None and not isinstance(inner_options, Mapping):
+            raise MisconfigurationError(
+                f"collective 'compressed': inner_options={inner_options!r}; expected a dict of the "
+                "inner collective's options"
+            )
+        if inner == "compressed":
+            raise MisconfigurationError(
+                "collective 'compressed': inner='compressed' would compress twice; name the collective "
+                "that carries the bytes (e.g. 'torch', 'mpi')"
+            )
+        self.inner = make_collective(
+            "inner", inner, {"timeout": timeout, **(inner_options or {})}, owner="compressed"
+        )
+        self.dtype = dtype
+        self.error_feedback = error_feedback
+        # What the inner collective can do, this one can.
+        self.unsupported = self.inner.unsupported  # type: ignore[misc]
+        self.reduce_ops = self.inner.reduce_ops  # type: ignore[misc]
+        self.subgroups = self.inner.subgroups  # type: ignore[misc]
+        self._residuals: dict[tuple[int, int, str], torch.Tensor] = {}
+
+    @classmethod
+    def composition(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The collectives this one is made of, by role, for ``phalanx
+        explain``: the inner one."""
+        return {"inner": options.get("inner", "torch")}
+
+    def made_of(self) -> list[tuple[str, Collective]]:
+        return [("inner", self.inner)]
+
+    # -- life cycle ----------------------------------------------------------
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        self.inner.check_accelerator(accelerator)
+
+    def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:
+        self.inner.check_launcher(launcher, environment)
+
+    def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
+        self.inner.plan_facts = self.plan_facts
+        self.inner.setup(environment, accelerator)
+        self.plan_checked = self.inner.plan_checked
+
+    def teardown(self) -> None:
+        self._residuals.clear()
+        self.inner.teardown()
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.inner.is_initialized
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.inner.world_size
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self.inner.global_ranks
+
+    @property
+    def is_member(self) -> bool:
+        return self.inner.is_member
+
+    def board(self) -> Board | None:
+        return self.inner.board()
+
+    def new_group(self, ranks: Sequence[int]) -> Collective:
+        group = self.inner.new_group(ranks)
+        if isinstance(group, NonMember):
+            return group
+        return CompressedCollective(
+            inner=group, dtype=self.dtype, error_feedback=self.error_feedback, timeout=self.timeout
+        )
+
+    # -- the wire ------------------------------------------------------------
+
+    def _compresses(self, tensor: Any) -> bool:
+        import torch
+
+        return isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+
+    def _wire_dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, _WIRE[self.dtype])  # type: ignore[no-any-return]
+
+    def _to_wire(self, tensor: torch.Tensor, *, feedback: bool = False) -> torch.Tensor:
+        """``tensor`` in the wire's dtype; with ``feedback``, plus what
+        rounding it lost last time, and what it loses now kept."""
+        if not feedback:
+            return tensor.to(self._wire_dtype())
+        key = (tensor.untyped_storage().data_ptr(), tensor.numel(), str(tensor.device))
+        residual = self._residuals.get(key)
+        exact = tensor + residual if residual is not None else tensor
+        wire = exact.to(self._wire_dtype())
+        self._residuals[key] = exact - wire.to(tensor.dtype)
+        return wire
+
+    @staticmethod
+    def _finish(work: Any, async_op: bool, finish: Callable[[Any], Any]) -> Any:
+        """``finish`` after the inner operation: now, or when its handle is
+        waited on."""
+        if async_op:
+            assert isinstance(work, Work)
+            return work.then(finish)
+        return finish(work)
+
+    # -- reductions ------------------------------------------------------------
+
+    def all_reduce(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        if not self._compresses(tensor):
+            return self.inner.all_reduce(tensor, op, async_op=async_op)
+        check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=False)
+        wire = self._to_wire(tensor, feedback=self.error_feedback and op in ("sum", "mean"))
+        work = self.inner.all_reduce(wire, op, async_op=async_op)
+        return self._finish(work, async_op, lambda _: tensor.copy_(wire))
+
+    def reduce(self, tensor: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
+        if not self._compresses(tensor):
+            return self.inner.reduce(tensor, dst, op, async_op=async_op)
+        check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=False)
+        wire = self._to_wire(tensor)
+        work = self.inner.reduce(wire, dst, op, async_op=async_op)
+        return self._finish(work, async_op, lambda _: tensor.copy_(wire))
+
+    def reduce_scatter(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        if not self._compresses(tensor):
+            return self.inner.reduce_scatter(tensor, op, async_op=async_op)
+        work = self.inner.reduce_scatter(self._to_wire(tensor), op, async_op=async_op)
+        return self._finish(work, async_op, lambda part: part.to(tensor.dtype))
+
+    def reduce_scatter_into(
+        self, output: Any, tensor: Any, op: str = "sum", *, async_op: bool = False
+    ) -> Any:
+        if not (self._compresses(tensor) and self._compresses(output)):
+            return self.inner.reduce_scatter_into(output, tensor, op, async_op=async_op)
+        wire_out = output.to(self._wire_dtype())
+        work = self.inner.reduce_scatter_into(wire_out, self._to_wire(tensor), op, async_op=async_op)
+        return self._finish(work, async_op, lambda _: output.copy_(wire_out))
+
+    # -- gathers ---------------------------------------------------------------
+
+    def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
+        if not self._compresses(tensor):
+            return self.inner.all_gather(tensor, async_op=async_op)
+        work = self.inner.all_gather(self._to_wire(tensor), async_op=async_op)
+        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts])
+
+    def all_gather_into(self, output: Any, tensor: Any, *, async_op: bool = False) -> Any:
+        if not (self._compresses(tensor) and self._compresses(output)):
+            return self.inner.all_gather_into(output, tensor, async_op=async_op)
+        wire_out = output.to(self._wire_dtype())
+        work = self.inner.all_gather_into(wire_out, self._to_wire(tensor), async_op=async_op)
+        return self._finish(work, async_op, lambda _: output.copy_(wire_out))
+
+    def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
+        if not self._compresses(tensor):
+            return self.inner.gather(tensor, dst, async_op=async_op)
+        work = self.inner.gather(self._to_wire(tensor), dst, async_op=async_op)
+        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts])
+
+    # -- the rest, as the inner collective does it -----------------------------------
+
+    def barrier(self, *, async_op: bool = False) -> Work | None:
+        return self.inner.barrier(async_op=async_op)
+
+    def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False) -> Any:
+        return self.inner.broadcast(tensor, src, async_op=async_op)
+
+    def scatter(
+        self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0, *, async_op: bool = False
+    ) -> Any:
+        return self.inner.scatter(tensor, scatter_list, src, async_op=async_op)
+
+    def all_to_all(self, tensors: Sequence[Any], *, async_op: bool = False) -> Any:
+        return self.inner.all_to_all(tensors, async_op=async_op)
+
+    def send(self, tensor: Any, dst: int, *, tag: int = 0) -> None:
+        self.inner.send(tensor, dst, tag=tag)
+
+    def recv(self, tensor: Any, src: int, *, tag: int = 0) -> Any:
+        return self.inner.recv(tensor, src, tag=tag)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return self.inner.broadcast_object(obj, src)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return self.inner.all_gather_object(obj)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any]:
+        return self.inner.gather_object(obj, dst)
+
+    def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
+        return self.inner.scatter_object(objs, src)

@@ -1,0 +1,19 @@
+"""phalanx-compose's entry module: specs only; imports no torch."""
+
+from __future__ import annotations
+
+from phalanx_core import CollectiveSpec, hookimpl
+
+
+@hookimpl
+def phalanx_collectives() -> list[CollectiveSpec]:
+    return [
+        CollectiveSpec(
+            name="compressed",
+            target="phalanx_compose.compressed:CompressedCollective",
+            summary="another collective (inner=), carrying float32 as bf16 or fp16 (dtype=) in its "
+            "reductions and gathers; error_feedback=True keeps what rounding lost for the next all-reduce",
+            needs=("torch",),
+            install="pip install torch",
+        )
+    ]
