@@ -71,6 +71,9 @@ class Plan:
     num_nodes: int = 1
     #: The user's options, given at build to the one part whose constructor takes each.
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The collectives the chosen collective is made of (a composed one's:
+    #: ``compressed``'s inner collective), each named ``"<role>: <name>"``.
+    composition: tuple[Choice, ...] = ()
 
     def parts(self) -> list[Choice]:
         """The chosen parts in build order (a strategy instance has none)."""
@@ -93,15 +96,18 @@ class Plan:
             "num_nodes": self.num_nodes,
             "options": {k: repr(v) for k, v in self.options.items()},
             "parts": {str(c.kind): c.to_dict() for c in self.parts()},
+            "composition": [c.to_dict() for c in self.composition],
             "traffic": self.traffic(),
         }
 
     def explain(self) -> str:
-        """The plan as aligned text: one line per part, then its reason."""
+        """The plan as aligned text: one line per part, then its reason; a
+        composed collective's parts indented under it."""
         rows = []
         for c in self.parts():
-            source = str(c.provider) if c.provider else "an instance you passed"
-            rows.append((str(c.kind), c.name, source, c.reason))
+            rows.append((str(c.kind), c.name, _source(c), c.reason))
+            if c.kind is Kind.COLLECTIVE:
+                rows.extend(("", f"  {part.name}", _source(part), part.reason) for part in self.composition)
         width = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [f"devices={self.devices!r} num_nodes={self.num_nodes}"]
         if self.options:
@@ -115,3 +121,7 @@ class Plan:
 
     def __str__(self) -> str:
         return self.explain()
+
+
+def _source(choice: Choice) -> str:
+    return str(choice.provider) if choice.provider else "an instance you passed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -637,7 +638,29 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
         flags["devices"],
         flags["num_nodes"],
         dict(flags["options"]),
+        _composition(registry, collective, flags["options"]),
     )
+
+
+def _composition(registry: Registry, collective: Choice, options: Mapping[str, Any]) -> tuple[Choice, ...]:
+    """The collectives a composed collective is made of (``compressed``'s
+    inner one), as its class's ``composition(options)`` names them by role,
+    each chosen as ``collective=`` would be; none for another collective, or
+    one whose needs are missing (building it says so)."""
+    if collective.spec is None:
+        return ()
+    entry = registry.get(Kind.COLLECTIVE, _qualified(collective))
+    if entry.missing():
+        return ()
+    composition = getattr(entry.load(), "composition", None)
+    if not callable(composition):
+        return ()
+    chosen = []
+    for role, name in composition(options).items():
+        if isinstance(name, str):
+            part = _named(registry, Kind.COLLECTIVE, name, f"{role} of {collective.name!r}")
+            chosen.append(dataclasses.replace(part, name=f"{role}: {part.name}"))
+    return tuple(chosen)
 
 
 # -- step 3: build ----------------------------------------------------------------
