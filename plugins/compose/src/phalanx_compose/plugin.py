@@ -15,5 +15,13 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             "reductions and gathers; error_feedback=True keeps what rounding lost for the next all-reduce",
             needs=("torch",),
             install="pip install torch",
-        )
+        ),
+        CollectiveSpec(
+            name="hierarchical",
+            target="phalanx_compose.hierarchical:HierarchicalCollective",
+            summary="one collective within each node (intra=), another across the nodes (inter=): "
+            "all_reduce as reduce-scatter, cross-node all-reduce, all-gather",
+            needs=("torch",),
+            install="pip install torch",
+        ),
     ]

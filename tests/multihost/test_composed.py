@@ -1,0 +1,55 @@
+"""Composed collectives across two hosts: ``hierarchical`` with 2 ranks on
+each of two hosts (within a host over gloo, across over gloo on the veth
+link), and ``compressed`` across them. The job is phalanx-compose's own
+two-node script."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = str(Path(__file__).resolve().parents[2] / "plugins" / "compose" / "tests" / "jobs" / "two_level.py")
+PORT = "29613"
+
+
+def phalanx_run(node: int, *flags: str, mode: str) -> list[str]:
+    return [
+        sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", "--devices", "2", "--num-nodes", "2",
+        "--node-rank", str(node), "--main-address", "node0", "--main-port", PORT, *flags, JOB, mode,
+    ]  # fmt: skip
+
+
+def results(runs) -> list[dict]:
+    for run in runs:
+        assert run.returncode == 0, run.describe()
+    return sorted((r for run in runs for r in run.results), key=lambda r: r["rank"])
+
+
+def test_hierarchical_across_two_hosts_takes_both_levels_and_keeps_the_contract(bed, run_nodes):
+    runs = run_nodes(
+        bed.hosts, [phalanx_run(n, "--collective", "hierarchical", mode="contract") for n in (0, 1)]
+    )
+    found = results(runs)
+    assert [r["rank"] for r in found] == [0, 1, 2, 3]
+    for r in found:
+        assert r["hierarchical"] is True and r["layout"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+        assert r["all_reduce"] == [6.0] * 5 and r["all_gather"] == [0, 1, 2, 3]
+        assert r["cross"]["all_reduce"] == 1, r["cross"]
+        assert r["ran"], r
+
+
+@pytest.mark.parametrize("collective", ["hierarchical", "compressed"])
+def test_ddp_across_two_hosts_through_a_composed_collective(bed, run_nodes, collective):
+    plain = results(run_nodes(bed.hosts, [phalanx_run(n, "--strategy", "ddp", mode="train") for n in (0, 1)]))
+    composed = results(
+        run_nodes(
+            bed.hosts,
+            [phalanx_run(n, "--strategy", "ddp", "--collective", collective, mode="train") for n in (0, 1)],
+        )
+    )
+    # hierarchical: the same sums in another order; compressed: bf16 gradients.
+    tolerance = 1e-6 if collective == "hierarchical" else 2e-2
+    for a, b in zip(plain, composed, strict=True):
+        assert max(abs(x - y) for x, y in zip(a["weights"], b["weights"], strict=True)) <= tolerance
