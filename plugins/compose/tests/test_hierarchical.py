@@ -55,7 +55,7 @@ def run_two_nodes(*flags: str, mode: str) -> list[dict]:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-        )  # fmt: skip
+        )
         for node in (0, 1)
     ]
     try:

@@ -108,7 +108,7 @@ class HierarchicalCollective(Collective):
         self.plan_checked = self.intra.plan_checked
         self.inter.setup(environment, accelerator)
         where = (int(environment.node_rank), self.intra.rank)
-        self._layout = [tuple(p) for p in self.intra.all_gather_object(where)]  # type: ignore[misc]
+        self._layout = [(int(n), int(r)) for n, r in self.intra.all_gather_object(where)]
         nodes = sorted({node for node, _ in self._layout})
         members = {node: [r for r, (n, _) in enumerate(self._layout) if n == node] for node in nodes}
         sizes = {len(ranks) for ranks in members.values()}
@@ -132,6 +132,11 @@ class HierarchicalCollective(Collective):
         self._layout, self._cross_ranks = [], []
         self.inter.teardown()
         self.intra.teardown()
+
+    def _groups(self) -> tuple[Collective, Collective]:
+        if self._local is None or self._cross is None:
+            raise RuntimeError("hierarchical: the two levels were not made (setup, several nodes)")
+        return self._local, self._cross
 
     @property
     def hierarchical(self) -> bool:
@@ -171,17 +176,17 @@ class HierarchicalCollective(Collective):
 
         if not self.hierarchical or tensor.dtype == torch.bool or tensor.numel() == 0:
             return self.intra.all_reduce(tensor, op, async_op=async_op)
-        assert self._local is not None and self._cross is not None
+        local, cross = self._groups()
         reduce = "sum" if op == "mean" else op
-        per_node = self._local.world_size
+        per_node = local.world_size
         flat = tensor.reshape(-1)
         padded = torch.zeros(
             -(-flat.numel() // per_node) * per_node, dtype=tensor.dtype, device=tensor.device
         )
         padded[: flat.numel()] = flat
-        part = self._local.reduce_scatter(padded, reduce)
-        self._cross.all_reduce(part, reduce)
-        self._local.all_gather_into(padded, part)
+        part = local.reduce_scatter(padded, reduce)
+        cross.all_reduce(part, reduce)
+        local.all_gather_into(padded, part)
         result = padded[: flat.numel()].view_as(tensor)
         if op == "mean":
             floor = not (tensor.is_floating_point() or tensor.is_complex())
@@ -192,12 +197,12 @@ class HierarchicalCollective(Collective):
     def broadcast(self, tensor: Any, src: int = 0, *, async_op: bool = False) -> Any:
         if not self.hierarchical:
             return self.intra.broadcast(tensor, src, async_op=async_op)
-        assert self._local is not None and self._cross is not None
+        local, cross = self._groups()
         check_rank(src, self.world_size, operation="broadcast", argument="src")
         index = self._layout[src][1]
         if self._layout[self.rank][1] == index:  # src is in this rank's cross group
-            self._cross.broadcast(tensor, self._cross_ranks.index(src))
-        self._local.broadcast(tensor, index)
+            cross.broadcast(tensor, self._cross_ranks.index(src))
+        local.broadcast(tensor, index)
         return CompletedWork(tensor) if async_op else tensor
 
     def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
@@ -205,9 +210,9 @@ class HierarchicalCollective(Collective):
 
         if not self.hierarchical:
             return self.intra.all_gather(tensor, async_op=async_op)
-        assert self._local is not None and self._cross is not None
-        block = torch.stack(self._local.all_gather(tensor))  # type: ignore[arg-type]
-        blocks = self._cross.all_gather(block)  # one per node, in the cross group's order
+        local, cross = self._groups()
+        block = torch.stack(local.all_gather(tensor))  # type: ignore[arg-type]
+        blocks = cross.all_gather(block)  # one per node, in the cross group's order
         position = {self._layout[member][0]: p for p, member in enumerate(self._cross_ranks)}
         parts = [blocks[position[node]][index] for node, index in self._layout]  # type: ignore[index]
         return CompletedWork(parts) if async_op else parts
