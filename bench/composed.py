@@ -70,7 +70,8 @@ def _report(what: str, times: dict[str, list[float]]) -> dict[str, float]:
     ratios = sorted(c / p for c, p in zip(times["composed"], times["plain"], strict=True))
     print(
         f"{what}: plain {plain * 1e3:.2f} ms, composed {composed * 1e3:.2f} ms; ratio of medians "
-        f"{composed / plain:.3f} ({plain / composed:.2f}x) (per block {', '.join(f'{r:.3f}' for r in ratios)})",
+        f"{composed / plain:.3f} ({plain / composed:.2f}x) "
+        f"(per block {', '.join(f'{r:.3f}' for r in ratios)})",
         flush=True,
     )
     return {"plain_ms": plain * 1e3, "composed_ms": composed * 1e3, "ratio": composed / plain}
@@ -110,16 +111,24 @@ def across_hosts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             host.run(["tc", "qdisc", "add", "dev", host.interface, "root", "tbf", "rate", args.rate,
                       "burst", "1mb", "latency", "100ms"], check=True)  # fmt: skip
         for part in ("compressed", "hierarchical"):
+            commands = [
+                [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", "--devices", "2",
+                 "--num-nodes", "2", "--node-rank", str(node), "--main-address", "node0",
+                 "--main-port", "29621", "--strategy", "ddp", "--collective", part, __file__,
+                 "--rank", part, "--blocks", str(args.blocks), "--iters", str(args.iters)]
+                for node in (0, 1)
+            ]  # fmt: skip
+            environment = scheduler_free_environment()
             processes = [
                 host.popen(
-                    [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", "--devices", "2",
-                     "--num-nodes", "2", "--node-rank", str(node), "--main-address", "node0",
-                     "--main-port", "29621", "--strategy", "ddp", "--collective", part, __file__,
-                     "--rank", part, "--blocks", str(args.blocks), "--iters", str(args.iters)],
-                    env=scheduler_free_environment(), cwd=ROOT, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True,
-                )  # fmt: skip
-                for node, host in enumerate(bed.hosts)
+                    command,
+                    env=environment,
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for host, command in zip(bed.hosts, commands, strict=True)
             ]
             outputs = [p.communicate(timeout=900) for p in processes]
             line = next((x for x in outputs[0][0].splitlines() if "RESULT " in x), None)
@@ -130,7 +139,7 @@ def across_hosts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             what = (
                 f"compressed vs torch (gloo), 2 hosts x 2 ranks, link {args.rate}"
                 if part == "compressed"
-                else f"hierarchical (torch within, torch across) vs flat torch, 2 hosts x 2 ranks, link {args.rate}"
+                else f"hierarchical (torch within, across) vs flat torch, 2 hosts x 2 ranks, link {args.rate}"
             )
             found[part] = _report(what, times)
     return found
