@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 JOB = str(Path(__file__).resolve().parents[2] / "plugins" / "compose" / "tests" / "jobs" / "two_level.py")
+AGENT = Path(__file__).resolve().parent / "netns_rsh.py"  # mpirun's way into node1 (test_mpirun.py)
 PORT = "29613"
 
 
@@ -53,3 +54,24 @@ def test_ddp_across_two_hosts_through_a_composed_collective(bed, run_nodes, coll
     tolerance = 1e-6 if collective == "hierarchical" else 2e-2
     for a, b in zip(plain, composed, strict=True):
         assert max(abs(x - y) for x, y in zip(a["weights"], b["weights"], strict=True)) <= tolerance
+
+
+def test_hierarchical_with_mpi_across_the_hosts_and_gloo_within(bed, run_nodes):
+    """intra='torch' (gloo), inter='mpi': ranks started by mpirun on both
+    hosts (its rsh agent enters node1), MASTER_ADDR passed for the torch
+    group within the hosts."""
+    command = [
+        "mpirun", "--allow-run-as-root", "--bind-to", "none", "--host", "node0:2,node1:2", "-np", "4",
+        "--mca", "plm_rsh_agent", f"{sys.executable} {AGENT}", "-x", "MASTER_ADDR=node0",
+        sys.executable, JOB, "contract", "mpi",
+    ]  # fmt: skip
+    env = {"PHALANX_NETNS_HOSTS": ",".join(f"{host.name}={host.namespace}" for host in bed.hosts)}
+    [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=180)
+    found = results([run])
+    assert [r["rank"] for r in found] == [0, 1, 2, 3], run.describe()
+    for r in found:
+        assert r["hierarchical"] is True and r["layout"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+        assert r["all_reduce"] == [6.0] * 5 and r["broadcast"] == [0.0, 1.0, 2.0]
+        assert r["all_gather"] == [0, 1, 2, 3]
+        assert r["cross"]["all_reduce"] == 1, r["cross"]
+        assert r["ran"], r

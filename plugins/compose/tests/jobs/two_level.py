@@ -1,6 +1,7 @@
-"""One node's ranks of a 2-node job on this machine: ``phalanx run
---num-nodes 2 --node-rank N ... two_level.py MODE``. Each rank prints
-``PHALANX-RESULT {json}``.
+"""One node's ranks of a 2-node job: ``phalanx run --num-nodes 2
+--node-rank N ... two_level.py MODE``; or one rank under ``mpirun`` across
+two hosts, ``two_level.py MODE INTER`` (``hierarchical`` with ``inter=INTER``,
+2 ranks per host). Each rank prints ``PHALANX-RESULT {json}``, in one write.
 
 Modes:
     contract  the whole collective contract on the strategy's collective,
@@ -63,4 +64,10 @@ def train(strategy):
     report(strategy, weights=torch.cat([t.flatten() for t in full]).tolist())
 
 
-phalanx.resolve().launch(contract if sys.argv[1] == "contract" else train)
+if phalanx.run_flags():
+    strategy = phalanx.resolve()
+else:  # under mpirun, one process per rank: inter over MPI
+    strategy = phalanx.resolve(
+        "ddp", accelerator="cpu", devices=2, num_nodes=2, collective="hierarchical", inter=sys.argv[2]
+    )
+strategy.launch(contract if sys.argv[1] == "contract" else train)
