@@ -262,7 +262,7 @@ class _Cluster:
     _local = False
     _address: str | None = None
 
-    def __init__(self, address: str | None, cpus: float) -> None:
+    def __init__(self, address: str | None, cpus: float, runtime_env: dict[str, Any] | None = None) -> None:
         import ray
 
         self.closed = False
@@ -283,18 +283,27 @@ class _Cluster:
         address = address or os.environ.get("RAY_ADDRESS") or None
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if address is not None:
+            _answers(address)
             try:
-                ray.init(address=address, **options)
+                ray.init(address=address, runtime_env=runtime_env or None, **options)
             except ConnectionError as exc:
                 raise UnavailableError(
-                    f"{_TAG}: no Ray cluster answers at address={address!r} ({exc}). Start one "
-                    "(`ray start --head`), check the address, or give no address (and unset "
-                    "RAY_ADDRESS) for a local Ray instance started for the job"
-                ) from None
+                    f"{_TAG}: the Ray cluster at address={address!r} did not let this process join "
+                    f"({_first_lines(str(exc), 2)}). Where something listens there, this is often "
+                    "token authentication (on by default in Ray 2.60): set RAY_AUTH_MODE=token (and the "
+                    "cluster's token) before Python starts, as for every driver of that cluster; else "
+                    "start a cluster (`ray start --head`), check the address, or give no address (and "
+                    "unset RAY_ADDRESS) for a local Ray instance started for the job"
+                ) from exc
         else:
             # The job's own instance: as many CPUs as its ranks reserve, as
             # spawn starts as many ranks as asked on any machine.
-            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False, **options)
+            ray.init(
+                address="local",
+                num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)),
+                include_dashboard=False,
+                **options,
+            )
         #: Whether this job's instance is a local one a launcher started.
         self.started = _Cluster._local = address is None
         _Cluster._ours = True
@@ -326,14 +335,18 @@ class _Job:
         self.outbox: Any = None
         self.cwd: str | None = None
         per_rank = launcher.cpus_per_rank
-        self.cluster = _Cluster(launcher.address, per_rank * self.size)
+        runtime_env = dict(launcher.runtime_env)
+        joins = not ray.is_initialized() and bool(launcher.address or os.environ.get("RAY_ADDRESS"))
+        if script and joins:
+            runtime_env.setdefault("working_dir", os.getcwd())
+        self.working_dir = runtime_env.get("working_dir")
+        # A copy: ray.init rewrites a local working_dir to the URI it uploaded.
+        self.cluster = _Cluster(launcher.address, per_rank * self.size, dict(runtime_env) if joins else None)
         try:
-            runtime_env = dict(launcher.runtime_env)
-            if script and not self.cluster.started:
-                runtime_env.setdefault("working_dir", os.getcwd())
-            elif script:
+            if script and self.cluster.started:
                 self.cwd = os.getcwd()
-            self.working_dir = runtime_env.get("working_dir")
+            if joins:
+                runtime_env = {}  # the job's, given to ray.init
             self.pg = self._place()
             from ._actor import Outbox, Rank
 
@@ -650,3 +663,24 @@ def _gpu_key(gpu: str) -> tuple[int, str]:
 def _first_lines(text: str, count: int = 6) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " ".join(lines[:count])
+
+
+def _answers(address: str) -> None:
+    """Refuse at once an address where nothing accepts a connection
+    (ray.init tries one for ~14 minutes)."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UnavailableError(
+            f"{_TAG}: no Ray cluster answers at address={address!r} (nothing accepts a connection "
+            f"at {hostport}: {exc}). Start one (`ray start --head`), check the address, or give no "
+            "address (and unset RAY_ADDRESS) for a local Ray instance started for the job"
+        ) from None
