@@ -177,9 +177,28 @@ class LauncherSpec(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class CollectiveSpec(Spec):
-    """A :class:`~phalanx_core.Collective`: how ranks talk."""
+    """A :class:`~phalanx_core.Collective`: how ranks talk.
+
+    Attributes:
+        parts: for a collective made of other collectives, the option that
+            names each and its default (``{"inner": "torch"}``): ``phalanx
+            explain`` shows each part and its package, chosen as
+            ``collective=`` would be, without importing anything.
+    """
 
     kind: ClassVar[Kind] = Kind.COLLECTIVE
+    parts: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.parts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.parts.items()
+        ):
+            raise ValueError(
+                f"CollectiveSpec {self.name!r}: parts must map option names to collective names, "
+                f"got {self.parts!r}"
+            )
+        object.__setattr__(self, "parts", _freeze(self.parts))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,6 +44,18 @@ def test_a_plain_collective_is_made_of_nothing():
     assert phalanx.Registry().plan("ddp", accelerator="cpu", devices=2).composition == ()
 
 
+def test_planning_a_composed_collective_imports_no_torch():
+    code = (
+        "import json, sys, phalanx\n"
+        "plan = phalanx.Registry().plan('ddp', accelerator='cpu', devices=2, collective='hierarchical', inter='mpi', launcher='fork')\n"
+        "print(json.dumps([[c.name for c in plan.composition], 'torch' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(done.stdout) == [["intra: torch", "inter: mpi"], False]
+
+
 def test_an_unknown_inner_collective_is_refused_naming_those_that_exist():
     with pytest.raises(UnknownNameError, match=r"'nosuch'.*torch"):
         phalanx.resolve("ddp", accelerator="cpu", devices=2, collective="compressed", inner="nosuch")

@@ -22,7 +22,7 @@ from phalanx_core import (
     Strategy,
     UnavailableError,
 )
-from phalanx_core.specs import Kind, LauncherSpec, StrategySpec
+from phalanx_core.specs import CollectiveSpec, Kind, LauncherSpec, StrategySpec
 
 from ._plan import Choice, Plan
 
@@ -644,19 +644,15 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
 
 def _composition(registry: Registry, collective: Choice, options: Mapping[str, Any]) -> tuple[Choice, ...]:
     """The collectives a composed collective is made of (``compressed``'s
-    inner one), as its class's ``composition(options)`` names them by role,
-    each chosen as ``collective=`` would be; none for another collective, or
-    one whose needs are missing (building it says so)."""
-    if collective.spec is None:
-        return ()
-    entry = registry.get(Kind.COLLECTIVE, _qualified(collective))
-    if entry.missing():
-        return ()
-    composition = getattr(entry.load(), "composition", None)
-    if not callable(composition):
+    inner one), as its spec's ``parts`` names the options that choose them,
+    each chosen as ``collective=`` would be; none for another collective.
+    Imports nothing."""
+    spec = collective.spec
+    if not isinstance(spec, CollectiveSpec):
         return ()
     chosen = []
-    for role, name in composition(options).items():
+    for role, default in spec.parts.items():
+        name = options.get(role, default)
         if isinstance(name, str):
             part = _named(registry, Kind.COLLECTIVE, name, f"{role} of {collective.name!r}")
             chosen.append(dataclasses.replace(part, name=f"{role}: {part.name}"))

@@ -105,15 +105,6 @@ class CompressedCollective(Collective):
         self.subgroups = self.inner.subgroups  # type: ignore[misc]
         self._residuals: dict[tuple[int, int, str], torch.Tensor] = {}
 
-    @classmethod
-    def composition(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The collectives this one is made of, by role, for ``phalanx
-        explain``: the inner one."""
-        return {"inner": options.get("inner", "torch")}
-
-    def made_of(self) -> list[tuple[str, Collective]]:
-        return [("inner", self.inner)]
-
     # -- life cycle ----------------------------------------------------------
 
     def check_accelerator(self, accelerator: Accelerator) -> None:

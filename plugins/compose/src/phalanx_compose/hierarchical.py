@@ -81,14 +81,6 @@ class HierarchicalCollective(Collective):
         self._layout: list[tuple[int, int]] = []  # (node, local index) of every rank
         self._cross_ranks: list[int] = []  # the members of this rank's cross group
 
-    @classmethod
-    def composition(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The collectives this one is made of, by role, for ``phalanx explain``."""
-        return {"intra": options.get("intra", "torch"), "inter": options.get("inter", "torch")}
-
-    def made_of(self) -> list[tuple[str, Collective]]:
-        return [("intra", self.intra), ("inter", self.inter)]
-
     # -- life cycle ----------------------------------------------------------
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
