@@ -12,6 +12,11 @@ several GB).
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -41,6 +46,39 @@ nox.options.sessions = [
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
+#: What a fresh home keeps of the real one: how pip reaches its package
+#: indexes (the machine's set-up, not a test's state).
+PIP_CONFIG = (".config/pip", ".pip")
+
+
+def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+    """A nox session that runs with a home directory and a temporary
+    directory of its own, made empty for it and removed after, so that
+    nothing an earlier run left on the machine (``~/.ray``, ``/tmp/ray``, a
+    cluster's address file, a token) can make a test pass or fail. pip's
+    download cache and pip's configuration are kept: the first saves
+    downloads, the second says where the package indexes are."""
+
+    @functools.wraps(function)
+    def run(session: nox.Session) -> None:
+        real_home = Path(os.environ.get("HOME") or Path.home())
+        cache = os.environ.get("PIP_CACHE_DIR") or str(real_home / ".cache" / "pip")
+        # Short paths: Ray's sockets live under TMPDIR, and a Unix socket's
+        # path has at most 107 bytes.
+        home, tmp = Path(tempfile.mkdtemp(prefix="nox-home-")), Path(tempfile.mkdtemp(prefix="nox-"))
+        for relative in PIP_CONFIG:
+            if (real_home / relative).is_dir():
+                shutil.copytree(real_home / relative, home / relative)
+        session.env.update(HOME=str(home), TMPDIR=str(tmp), PIP_CACHE_DIR=cache)
+        session.log(f"HOME={home} TMPDIR={tmp} (fresh; removed after the session)")
+        try:
+            function(session)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    return nox.session(run)
+
 
 def install_packages(session: nox.Session) -> None:
     """torch first, then every package of the tree, editable."""
@@ -51,7 +89,7 @@ def install_packages(session: nox.Session) -> None:
     session.install(*editable)
 
 
-@nox.session
+@session
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
     session.install("ruff>=0.6")
@@ -59,7 +97,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
+@session
 def typecheck(session: nox.Session) -> None:
     """mypy, strict on core/ and registry/ (see pyproject.toml)."""
     install_packages(session)
@@ -67,7 +105,7 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy")
 
 
-@nox.session
+@session
 def tests(session: nox.Session) -> None:
     """pytest over every package's tests and the cross-package tests/."""
     install_packages(session)
@@ -75,7 +113,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or TEST_PATHS))
 
 
-@nox.session
+@session
 def docs(session: nox.Session) -> None:
     """The documentation site, built in strict mode (warnings fail)."""
     editable: list[str] = []
@@ -111,7 +149,7 @@ def real_runs(session: nox.Session, name: str, *more: str, env: dict[str, str] |
     session.run("pytest", *paths, env={"PHALANX_REAL_RUNS": name, **(env or {})})
 
 
-@nox.session
+@session
 def slurm(session: nox.Session) -> None:
     """Real runs under srun on a one-node Slurm cluster on loopback.
 
@@ -124,7 +162,7 @@ def slurm(session: nox.Session) -> None:
     real_runs(session, "slurm")
 
 
-@nox.session
+@session
 def mpi(session: nox.Session) -> None:
     """Real runs under OpenMPI's mpirun: the ``mpi`` environment (torch over
     gloo, ranks from mpirun's variables), and phalanx-mpi's tests with mpi4py
@@ -137,7 +175,7 @@ def mpi(session: nox.Session) -> None:
     real_runs(session, "mpi", "plugins/mpi/tests", env=root)
 
 
-@nox.session
+@session
 def multihost(session: nox.Session) -> None:
     """Jobs across several hosts made of network namespaces (tests/multihost,
     with :mod:`phalanx_core.testing.hosts`): ``phalanx run`` and ``torchrun``
@@ -158,7 +196,7 @@ def multihost(session: nox.Session) -> None:
 RAY = "ray[default]==2.60.0"
 
 
-@nox.session
+@session
 def ray(session: nox.Session) -> None:
     """phalanx-ray against real Ray (``RAY``): the plugin's tests, which
     plugins/ray/tests/conftest.py collects only when PHALANX_REAL_RUNS names
@@ -177,7 +215,7 @@ def ray(session: nox.Session) -> None:
     session.run("pytest", "plugins/ray/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "ray"})
 
 
-@nox.session
+@session
 def horovod(session: nox.Session) -> None:
     """phalanx-horovod against real horovod 0.28.1 (gloo, CPU): built from its
     PyPI source by plugins/horovod/scripts/install-horovod.sh (torch first;
@@ -194,7 +232,7 @@ def horovod(session: nox.Session) -> None:
     session.run("pytest", "plugins/horovod/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "horovod"})
 
 
-@nox.session
+@session
 def xla(session: nox.Session) -> None:
     """phalanx-xla against real torch_xla 2.9.0 on its CPU runtime
     (``PJRT_DEVICE=CPU``, two replicas: ``CPU_NUM_DEVICES=2``, run as two

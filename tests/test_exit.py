@@ -22,6 +22,7 @@ import pytest
 
 from phalanx_core.testing.processes import (
     TAG_VAR,
+    as_a_terminal_starts_it,
     new_tag,
     reap,
     run_tagged,
@@ -77,6 +78,7 @@ class Job:
             cwd=ROOT,
             env=scheduler_free_environment(**{TAG_VAR: self.tag}),
             start_new_session=True,
+            preexec_fn=as_a_terminal_starts_it,  # the test sends SIGINT and SIGTERM
         )
 
     def ranks(self) -> dict[int, str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from phalanx_core.testing.hosts import Host, TestBed, missing
-from phalanx_core.testing.processes import scheduler_free_environment
+from phalanx_core.testing.processes import as_a_terminal_starts_it, scheduler_free_environment
 from phalanx_torch._scheduler_vars import expand_hostlist
 
 pytestmark = pytest.mark.subprocess
@@ -105,6 +105,7 @@ def _start_munged(folder: Path, output) -> subprocess.Popen:
          f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
          f"--seed-file={munge / 'munged.seed'}"],
         user="munge", group="munge", extra_groups=[], stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+        preexec_fn=as_a_terminal_starts_it,  # stopped with SIGTERM
     )  # fmt: skip
 
 
@@ -175,7 +176,12 @@ def slurm(bed: TestBed):
             outputs.append((folder / name / f"{argv[0].rsplit('/', 1)[-1]}.out").open("wb"))
             out = outputs[-1]
             processes[name] = host.popen(
-                argv, env=cluster.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                argv,
+                env=cluster.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                preexec_fn=as_a_terminal_starts_it,  # stopped with SIGTERM
             )
         want = {h.name: "idle" for h in bed.hosts}
         _wait(f"the nodes {', '.join(want)} idle", lambda: cluster.states() == want, processes, cluster)

@@ -13,13 +13,15 @@ node left behind. Each node keeps its files in a ``TMPDIR`` of its own
 address on this machine would find it, and leaves it there when stopped
 by a signal.
 
-Ray 2.60 enables token authentication by default on a head (the token is
-``~/.ray/auth_token``), but a process given the address of a cluster, a
-worker node's ``ray start --address`` or a driver's ``ray.init(address=)``,
-sends its token only under ``RAY_AUTH_MODE=token``, set before ``import
-ray`` (Ray reads its configuration then): every node, driver and ``ray list``
-here has it, as a user of such a cluster sets it. The drivers are ``jobs/join.py`` in
-processes of their own, which this variable reaches.
+Ray 2.60 enables token authentication by default on a head, and a
+process given the address of a cluster, a worker node's ``ray start
+--address`` or a driver's ``ray.init(address=)``, sends its token only
+under ``RAY_AUTH_MODE=token``, set before ``import ray`` (Ray reads its
+configuration then). conftest.py sets that, and the token's file
+(``RAY_AUTH_TOKEN_PATH``, made for the run), for this process, and so for
+every node, driver and ``ray list`` the tests start, as a user of such a
+cluster sets them. The drivers are ``jobs/join.py`` in processes of their
+own, which these variables reach.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import pytest
 from phalanx_core.testing.hosts import Host, TestBed, missing
 from phalanx_core.testing.processes import (
     TAG_VAR,
+    as_a_terminal_starts_it,
     is_alive,
     new_tag,
     reap,
@@ -94,11 +97,12 @@ def start_node(flags: list[str], *, temp: Path, host: Host | None = None) -> Ray
     tag = new_tag()
     argv = [*RAY, "start", "--block", "--disable-usage-stats", "--log-color", "false", *flags]
     options = dict(
-        env=scheduler_free_environment(**{TAG_VAR: tag, "TMPDIR": str(temp), "RAY_AUTH_MODE": "token"}),
+        env=scheduler_free_environment(**{TAG_VAR: tag, "TMPDIR": str(temp)}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=as_a_terminal_starts_it,  # stopped with SIGTERM
     )
     process = host.popen(argv, **options) if host is not None else subprocess.Popen(argv, **options)
     node = RayNode(process, tag)
@@ -169,7 +173,7 @@ def wait_until_none(check, timeout: float = 20.0):
 
 
 def driver_environment(**extra: str) -> dict[str, str]:
-    env = scheduler_free_environment(RAY_AUTH_MODE="token")
+    env = scheduler_free_environment()
     env.pop("RAY_ADDRESS", None)  # which cluster a driver joins is the test's to say
     return {**env, **extra}
 
@@ -284,7 +288,7 @@ def head() -> Iterator[Head]:
 def ray_list(head: Head, kind: str, key: str, value: str) -> list[dict]:
     """``ray list KIND --filter KEY=VALUE`` on the head's cluster."""
     where = ["--address", head.address, "--filter", f"{key}={value}", "--format", "json"]
-    done = run_tagged([*RAY, "list", kind, *where], timeout=60, RAY_AUTH_MODE="token")
+    done = run_tagged([*RAY, "list", kind, *where], timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

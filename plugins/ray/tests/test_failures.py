@@ -18,7 +18,13 @@ import pytest
 
 import phalanx
 from phalanx_core import WorkerFailedError
-from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.processes import (
+    TAG_VAR,
+    as_a_terminal_starts_it,
+    new_tag,
+    reap,
+    scheduler_free_environment,
+)
 
 
 @pytest.fixture
@@ -90,15 +96,20 @@ def test_ctrl_c_in_the_launching_process_ends_every_rank(tag, tmp_path):
     env = scheduler_free_environment(**{TAG_VAR: tag})
     process = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        cwd=tmp_path, start_new_session=True, bufsize=1,
+        cwd=tmp_path, start_new_session=True, bufsize=1, preexec_fn=as_a_terminal_starts_it,
     )  # fmt: skip
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
+    errors: list[str] = []  # read as it comes: a full pipe would stop the process mid-teardown
+    readers = [
+        threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True),
+        threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     try:
         deadline = time.monotonic() + 120
         while not {"[rank0]: running\n", "[rank1]: running\n"} <= set(lines) and time.monotonic() < deadline:
-            assert process.poll() is None, process.stderr.read()
+            assert process.poll() is None, "".join(errors)
             time.sleep(0.1)
         assert {"[rank0]: running\n", "[rank1]: running\n"} <= set(lines), lines
         process.send_signal(signal.SIGINT)
@@ -109,6 +120,8 @@ def test_ctrl_c_in_the_launching_process_ends_every_rank(tag, tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    err = process.stderr.read()
+    for reader in readers:
+        reader.join(10)
+    err = "".join(errors)
     assert process.returncode != 0
     assert "KeyboardInterrupt" in err, err

@@ -30,7 +30,14 @@ import pytest
 
 import phalanx
 from phalanx_core import MisconfigurationError, WorkerFailedError
-from phalanx_core.testing.processes import TAG_VAR, is_alive, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.processes import (
+    TAG_VAR,
+    as_a_terminal_starts_it,
+    is_alive,
+    new_tag,
+    reap,
+    scheduler_free_environment,
+)
 from phalanx_torch.environments import LocalEnvironment
 from phalanx_torch.launchers import (
     RESULTS_DIR_VAR,
@@ -117,14 +124,6 @@ class Job:
         )
 
 
-def _as_a_terminal_starts_it() -> None:
-    """SIGINT as a terminal's foreground job has it. A shell without job
-    control starts background commands with SIGINT ignored (`cmd &` in a CI
-    script), the ignoring is inherited, and Python then never raises
-    KeyboardInterrupt: the Ctrl-C tests would wait on a job that cannot get one."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start(args: list[str], *, cwd: Path = SCRIPTS, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args],
@@ -133,7 +132,7 @@ def start(args: list[str], *, cwd: Path = SCRIPTS, **env: str) -> subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_as_a_terminal_starts_it,
+        preexec_fn=as_a_terminal_starts_it,
     )
 
 

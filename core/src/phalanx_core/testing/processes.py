@@ -28,6 +28,7 @@ from pathlib import Path
 
 __all__ = [
     "TAG_VAR",
+    "as_a_terminal_starts_it",
     "descendants",
     "is_alive",
     "left_behind",
@@ -67,6 +68,24 @@ SCHEDULER_NAMES = frozenset(
         "MASTER_PORT",
     }
 )
+
+
+#: The signals tests send to the processes they start.
+SENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def as_a_terminal_starts_it() -> None:
+    """For ``subprocess.Popen(preexec_fn=...)`` in a test that signals the
+    process it starts: the child begins with the default handling of
+    :data:`SENT_SIGNALS`, none of them blocked, as a terminal's foreground
+    job does, whatever the test run inherited. A shell without job control
+    starts a background command with SIGINT and SIGQUIT ignored (``cmd &``
+    in a CI script), children inherit that, and a Python started with
+    SIGINT ignored never raises ``KeyboardInterrupt``: a Ctrl-C test would
+    wait on a process that cannot get one."""
+    for sig in SENT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def new_tag() -> str:
