@@ -66,6 +66,9 @@ def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], 
         # Short paths: Ray's sockets live under TMPDIR, and a Unix socket's
         # path has at most 107 bytes.
         home, tmp = Path(tempfile.mkdtemp(prefix="nox-home-")), Path(tempfile.mkdtemp(prefix="nox-"))
+        # As /tmp is: daemons the tests start as other users (munged runs as
+        # munge) reach their folders under it.
+        tmp.chmod(0o1777)
         for relative in PIP_CONFIG:
             if (real_home / relative).is_dir():
                 shutil.copytree(real_home / relative, home / relative)
