@@ -71,7 +71,7 @@ def _plain_rank(rank: int, port: int, queue) -> None:
     dist.destroy_process_group()
     # Not through the interpreter's finalization, where the gloo group DDP
     # keeps alive can abort the rank (SIGABRT seen here: torch's own bug,
-    # see phalanx_core._process.exit_process). The time was taken above.
+    # see phalanx_core.launching.exit_process). The time was taken above.
     os._exit(0)
 
 

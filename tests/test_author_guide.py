@@ -1,13 +1,16 @@
-"""The plugin author's guide (docs/content/publish.md) is real: its example
-package, docs/examples/phalanx-counting (the page shows these very files),
-is copied to an empty folder, built and installed with pip into a temporary
-site folder, and then, as its author and its users would:
+"""The plugin authors' guides are real: their example packages,
+docs/examples/phalanx-counting (docs/content/publish.md) and
+docs/examples/phalanx-popen (docs/content/launchers.md), the pages showing
+these very files, are copied to an empty folder, built and installed with
+pip into a temporary site folder, and then, as their authors and users
+would:
 
-- ``phalanx list`` shows its collective, from its distribution;
-- a 2-rank job chooses it by name (and by qualified name, and through
-  ``phalanx run --collective``), and DDP's gradients go through it;
-- the author's own test file runs the conformance suites on it (the
-  contract, and DDP / FSDP / manual training traffic through it).
+- ``phalanx list`` shows the part, from its distribution;
+- a 2-rank job chooses the collective by name (and by qualified name, and
+  through ``phalanx run --collective``), and DDP's gradients go through it;
+- each author's own test file runs the conformance suites on the part (the
+  collective's contract and training traffic; the launcher's launch and
+  failure contracts).
 """
 
 from __future__ import annotations
@@ -24,16 +27,15 @@ from phalanx_core.testing.processes import scheduler_free_environment
 
 pytestmark = pytest.mark.subprocess
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "phalanx-counting"
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """The example package built and installed by pip into a site folder;
-    the environment that puts it on the path."""
-    root = tmp_path_factory.mktemp("author")
-    project = root / "phalanx-counting"
-    shutil.copytree(EXAMPLE, project)
+def install(name: str, root: Path) -> tuple[Path, dict[str, str]]:
+    """The example package ``name`` built and installed by pip into a site
+    folder under ``root``; its copy, and the environment that puts it on
+    the path."""
+    project = root / name
+    shutil.copytree(EXAMPLES / name, project)
     site = root / "site"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(project)],
@@ -42,10 +44,20 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert (site / "phalanx_counting-0.1.0.dist-info" / "entry_points.txt").is_file()
+    assert (site / f"{name.replace('-', '_')}-0.1.0.dist-info" / "entry_points.txt").is_file()
     env = scheduler_free_environment()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     return project, env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    return install("phalanx-counting", tmp_path_factory.mktemp("author"))
+
+
+@pytest.fixture(scope="module")
+def launcher_installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    return install("phalanx-popen", tmp_path_factory.mktemp("launcher-author"))
 
 
 def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
@@ -99,3 +111,16 @@ def test_the_authors_conformance_suite_passes(installed):
     project, env = installed
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env, project)
     assert "7 passed" in out, out
+
+
+def test_phalanx_list_shows_the_launcher_from_its_distribution(launcher_installed):
+    project, env = launcher_installed
+    out = run([sys.executable, "-m", "phalanx", "list"], env, project)
+    [row] = [line for line in out.splitlines() if line.split()[:2] == ["launcher", "popen"]]
+    assert "phalanx-popen 0.1.0" in row, row
+
+
+def test_the_launcher_authors_conformance_suite_passes(launcher_installed):
+    project, env = launcher_installed
+    out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env, project)
+    assert "5 passed" in out, out

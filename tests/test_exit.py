@@ -5,7 +5,7 @@ one line and the shell's status.
 The loops repeat the README's main job and the ``ddp_spawn`` example,
 whose ranks used to die by SIGABRT after their work was done (gloo's
 threads during the interpreter's finalization; see
-``phalanx_core._process.exit_process``). ``PHALANX_EXIT_LOOPS`` sets how
+``phalanx_core.launching.exit_process``). ``PHALANX_EXIT_LOOPS`` sets how
 many runs each loop makes (CI: the default, 8; 100 to measure).
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import phalanx
-from phalanx._resolve import RUN_FLAGS_VAR
+from phalanx._flags import RUN_FLAGS_VAR
 from phalanx_core import MisconfigurationError
 
 ROOT = Path(__file__).resolve().parents[1]

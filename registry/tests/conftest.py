@@ -1,1 +1,1 @@
-pytest_plugins = ["phalanx_core.testing"]
+pytest_plugins = ["phalanx_core.testing", "phalanx.testing"]

@@ -6,12 +6,9 @@ torch is imported when a loader is set up, never when core is imported.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import MisconfigurationError
-
-if TYPE_CHECKING:
-    from .strategy import Strategy
 
 __all__ = ["DeviceLoader", "distribute_loader"]
 
@@ -32,11 +29,24 @@ _KEPT = (
 )
 
 
+class Ranks(Protocol):
+    """What a loader needs of a strategy (:class:`~phalanx_core.Strategy` is
+    one): who this rank is, and how a batch reaches its device."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def batch_to_device(self, batch: Any) -> Any: ...
+
+
 class DeviceLoader:
     """A loader whose batches are moved to the strategy's device; otherwise
     the loader it wraps (``len``, ``sampler``, ``dataset``, ``set_epoch``)."""
 
-    def __init__(self, loader: Any, strategy: Strategy) -> None:
+    def __init__(self, loader: Any, strategy: Ranks) -> None:
         self.loader = loader
         self._strategy = strategy
 
@@ -58,7 +68,7 @@ class DeviceLoader:
 
 
 def distribute_loader(
-    strategy: Strategy, loader: Any, *, use_distributed_sampler: bool, move_to_device: bool
+    strategy: Ranks, loader: Any, *, use_distributed_sampler: bool, move_to_device: bool
 ) -> Any:
     """What :meth:`Strategy.setup_dataloader` does."""
     from torch.utils.data import (

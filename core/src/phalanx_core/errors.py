@@ -12,6 +12,9 @@ Errors that wrap another one are raised ``from`` it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "CollectiveConnectionError",
     "CollectiveTimeoutError",
@@ -122,7 +125,9 @@ class WorkerFailedError(PhalanxError, RuntimeError):
     ``-exitcode``), ``signal`` the signal's name when there was one, and
     ``traceback`` the text of the exception raised on that rank, when the rank
     lived long enough to write it. In a job of several nodes, ``node`` and
-    ``host`` say where that rank ran, where they are known.
+    ``host`` say where that rank ran, where they are known. ``failures``
+    keeps every failed rank's record that the launcher saw
+    (:class:`phalanx_core.launching.RankFailure`), the first one first.
     """
 
     def __init__(
@@ -135,9 +140,11 @@ class WorkerFailedError(PhalanxError, RuntimeError):
         traceback: str | None = None,
         node: int | None = None,
         host: str | None = None,
+        failures: Sequence[Any] = (),
     ) -> None:
         super().__init__(message)
         self.rank = rank
+        self.failures: tuple[Any, ...] = tuple(failures)
         self.exitcode = exitcode
         self.signal = signal
         self.traceback = traceback

@@ -20,14 +20,25 @@ rarely) to read it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sys
 import threading
 import time
 import traceback
-from typing import Protocol, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TextIO, TypeVar
 
-__all__ = ["DEFAULT_HANG_REPORT", "HANG_REPORT_VAR", "Board", "HangWatch", "hang_report_seconds"]
+T = TypeVar("T")
+
+__all__ = [
+    "DEFAULT_HANG_REPORT",
+    "HANG_REPORT_VAR",
+    "Board",
+    "HangWatch",
+    "hang_report_seconds",
+    "watch_methods",
+]
 
 #: Seconds an operation waits before its rank reports it (``hang_report=``).
 DEFAULT_HANG_REPORT = 300.0
@@ -226,15 +237,52 @@ class HangWatch:
 
 def _stack(thread_id: int | None) -> str:
     """The Python stack of a thread, without the frames of the machinery
-    that runs a rank (runpy, phalanx's rank program, the watch's wrappers)."""
+    that runs a rank (runpy, a launcher's rank program: see
+    :data:`phalanx_core.launching.RANK_MACHINERY`) and the watch's own
+    wrappers."""
+    from .launching import is_rank_machinery
+
     frame = sys._current_frames().get(thread_id) if thread_id is not None else None
     if frame is None:
         return "  (not available)\n"
-    frames = [
-        entry
-        for entry in traceback.extract_stack(frame)
-        if not entry.filename.startswith("<frozen")
-        and not entry.filename.endswith("_rank_program.py")
-        and not (entry.name == "watched" and entry.filename.endswith("strategy.py"))
-    ]
-    return "".join(traceback.format_list(frames))
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        watched = code.co_name == "watched" and code.co_filename == __file__
+        if not (is_rank_machinery(frame) or code.co_filename.startswith("<frozen") or watched):
+            frames.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    return "".join(traceback.StackSummary.extract(reversed(frames)).format())
+
+
+def watch_methods(cls: type, names: Sequence[str], operations: Sequence[str]) -> None:
+    """Wrap the methods of ``names`` that ``cls`` defines itself so that
+    the strategy's :class:`HangWatch` (its ``_hang_watch``) sees them; an
+    operation of ``operations`` that fails is first checked with the
+    strategy's ``_not_set_up``."""
+    for name in names:
+        method = cls.__dict__.get(name)
+        if callable(method) and not getattr(method, "_phalanx_watched", False):
+            setattr(cls, name, _watched(name, method, name in operations))
+
+
+def _watched(name: str, method: Callable[..., T], operation: bool) -> Callable[..., T]:
+
+    @functools.wraps(method)
+    def watched(self: Any, *args: Any, **kwargs: Any) -> T:
+        watch = self._hang_watch
+        outer = watch.enter(name) if watch is not None else None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            if operation:
+                # Before set-up the backend's own words mislead ("Default
+                # process group has not been initialized"): say why.
+                self._not_set_up(name)
+            raise
+        finally:
+            if watch is not None:
+                watch.leave(outer)
+
+    watched._phalanx_watched = True  # type: ignore[attr-defined]
+    return watched

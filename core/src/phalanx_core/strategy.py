@@ -20,8 +20,10 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
+from ._forwarding import CollectiveCalls
+from ._modules import is_module, make_optimizer, skip_init, to_device
 from .checkpoint import (
     CheckpointIO,
     TorchCheckpointIO,
@@ -31,12 +33,12 @@ from .checkpoint import (
 )
 from .collective import OPERATIONS, plan_mismatch
 from .errors import MisconfigurationError, WorkerFailedError
-from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds
+from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds, watch_methods
 from .launcher import Launcher
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
-    from .collective import Collective, Tensor
+    from .collective import Collective
     from .environment import ClusterEnvironment
     from .precision import Precision
 
@@ -102,42 +104,19 @@ def _core_version() -> str:
         return "unknown"
 
 
-def _is_tensor(value: Any) -> bool:
-    """A torch tensor (a Parameter, a DTensor), found without importing torch
-    (no tensor exists before torch is imported)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
+#: The methods in which a rank can wait for its peers: watched for hang reports.
+_WATCHED = (
+    "setup",
+    "backward",
+    "optimizer_step",
+    "clip_gradients",
+    "save_checkpoint",
+    "load_checkpoint",
+    *OPERATIONS,  # those a strategy forwards; the others are not its methods
+)
 
 
-def _each_tensor(data: Any, operation: str, call: Callable[[Any], Any]) -> Any:
-    """``data`` with ``call`` applied to every tensor in it (through dicts,
-    lists and tuples, in order, so that every rank calls the same operations
-    in the same order); anything else in it is an error naming where."""
-
-    def walk(value: Any, where: str) -> Any:
-        if _is_tensor(value):
-            return call(value)
-        if isinstance(value, Mapping):
-            out = {k: walk(v, f"{where}[{k!r}]") for k, v in value.items()}
-            try:
-                return type(value)(out)  # type: ignore[call-arg]  # an OrderedDict stays one
-            except TypeError:
-                return out
-        if isinstance(value, (list, tuple)):
-            items = [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
-            if isinstance(value, tuple) and hasattr(value, "_fields"):
-                return type(value)(*items)  # a named tuple
-            return type(value)(items)
-        raise MisconfigurationError(
-            f"strategy.{operation}() takes a tensor, or a dict, list or tuple of tensors; {where} is a "
-            f"{type(value).__name__}. Make it a tensor (torch.tensor(x)), or send any picklable object "
-            f"with strategy.{'broadcast' if operation == 'broadcast' else 'all_gather_object'}(...)"
-        )
-
-    return walk(data, "data")
-
-
-class Strategy:
+class Strategy(CollectiveCalls):
     """The composition of the six kinds of part, and the training API.
 
     Constructed by the registry as ``Strategy(accelerator=..., environment=...,
@@ -184,7 +163,7 @@ class Strategy:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _watch_methods(cls)
+        watch_methods(cls, _WATCHED, OPERATIONS)
 
     def __init__(
         self,
@@ -451,7 +430,7 @@ class Strategy:
     def _make_optimizers(module: Any, optimizers: Sequence[Any]) -> list[Any]:
         """Each of ``optimizers`` as an optimizer: factories are called with
         ``module``'s parameters."""
-        return [opt if hasattr(opt, "step") else _make_optimizer(opt, module) for opt in optimizers]
+        return [opt if hasattr(opt, "step") else make_optimizer(opt, module) for opt in optimizers]
 
     def setup_module(self, module: Any) -> Any:
         """Wrap a module already on its device (DDP, FSDP); the base returns
@@ -477,7 +456,7 @@ class Strategy:
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor in ``batch`` (nested lists, tuples and dicts)
         to :attr:`root_device`, converted by the precision."""
-        return self.precision.convert_input(_to_device(batch, self.root_device))
+        return self.precision.convert_input(to_device(batch, self.root_device))
 
     def setup_dataloader(
         self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
@@ -578,7 +557,7 @@ class Strategy:
             stack.enter_context(torch.device(self.root_device))
             stack.enter_context(self.precision.module_init_context())
             if empty_init:
-                stack.enter_context(_skip_init())
+                stack.enter_context(skip_init())
             yield
 
     # -- checkpoints ---------------------------------------------------------
@@ -630,8 +609,8 @@ class Strategy:
             if not hasattr(target, "load_state_dict"):
                 continue
             target = self.unwrap_module(target)
-            is_module = _is_module(target)
-            if is_module:
+            a_module = is_module(target)
+            if a_module:
                 if not isinstance(value, Mapping):
                     raise MisconfigurationError(
                         f"load_checkpoint({os.fspath(path)!r}): the entry {key!r} is not a module's state "
@@ -642,10 +621,10 @@ class Strategy:
                 if strict:
                     check_module_keys(path, key, mine, value)
                 check_module_shapes(path, key, mine, value)
-            targets.append((is_module, key, target, value))
-        for is_module, key, target, value in sorted(targets, key=lambda t: t[0]):
+            targets.append((a_module, key, target, value))
+        for a_module, key, target, value in sorted(targets, key=lambda t: t[0]):
             try:
-                if is_module:
+                if a_module:
                     target.load_state_dict(value, strict=strict)
                 else:
                     target.load_state_dict(value)
@@ -669,82 +648,6 @@ class Strategy:
             out["precision"] = precision_state
         return out
 
-    # -- collectives, forwarded ---------------------------------------------
-
-    def _not_set_up(self, operation: str) -> None:
-        """After an operation failed: if the collective is not set up, that
-        is why; say so, instead of the backend's own words."""
-        if not self.collective.is_initialized:
-            raise MisconfigurationError(
-                f"strategy.{operation}() before the strategy was set up: its collective "
-                f"({type(self.collective).__name__}) has no group yet. Call strategy.launch() "
-                "first (in a flat script: it sets this rank up, or starts the ranks), or call it "
-                "inside strategy.launch(fn, ...), in fn (which gets the strategy)"
-            ) from None
-
-    def barrier(self) -> None:
-        """Block until every rank arrives (:meth:`Collective.barrier`)."""
-        self.collective.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank: a tensor in place
-        (:meth:`Collective.broadcast`), anything else picklable (a dict, a
-        number, a list of tensors) as :meth:`broadcast_object` sends it,
-        which returns ``src``'s object."""
-        if _is_tensor(obj):
-            return self.collective.broadcast(obj, src)
-        return self.collective.broadcast_object(obj, src)
-
-    def all_reduce(self, data: Any, op: str = "sum", *, async_op: bool = False) -> Any:
-        """:meth:`Collective.all_reduce`, in place: a tensor, or a dict, list
-        or tuple of them (nested as you like; each tensor is reduced, the
-        same structure is returned). ``async_op`` takes a tensor only."""
-        if _is_tensor(data):
-            return self.collective.all_reduce(data, op, async_op=async_op)
-        if async_op:
-            raise MisconfigurationError(
-                f"all_reduce(async_op=True) takes one tensor, got a {type(data).__name__}; reduce "
-                "each tensor with its own handle, or drop async_op"
-            )
-        return _each_tensor(data, "all_reduce", lambda t: self.collective.all_reduce(t, op))
-
-    def reduce(self, tensor: Tensor, dst: int = 0, op: str = "sum") -> Tensor:
-        """:meth:`Collective.reduce`."""
-        return self.collective.reduce(tensor, dst, op)
-
-    def all_gather(self, data: Any) -> Any:
-        """:meth:`Collective.all_gather`: for a tensor, the list of every
-        rank's, indexed by rank; for a dict, list or tuple of tensors
-        (nested as you like), the same structure with such a list in the
-        place of each tensor."""
-        if _is_tensor(data):
-            return self.collective.all_gather(data)
-        return _each_tensor(data, "all_gather", self.collective.all_gather)
-
-    def gather(self, tensor: Tensor, dst: int = 0) -> list[Tensor]:
-        """:meth:`Collective.gather`."""
-        return cast(list[Any], self.collective.gather(tensor, dst))
-
-    def scatter(self, tensor: Tensor, scatter_list: Sequence[Tensor] | None = None, src: int = 0) -> Tensor:
-        """:meth:`Collective.scatter`."""
-        return self.collective.scatter(tensor, scatter_list, src)
-
-    def reduce_scatter(self, tensor: Tensor, op: str = "sum") -> Tensor:
-        """:meth:`Collective.reduce_scatter`."""
-        return self.collective.reduce_scatter(tensor, op)
-
-    def all_to_all(self, tensors: Sequence[Tensor]) -> list[Tensor]:
-        """:meth:`Collective.all_to_all`."""
-        return cast(list[Any], self.collective.all_to_all(tensors))
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """:meth:`Collective.broadcast_object`."""
-        return self.collective.broadcast_object(obj, src)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """:meth:`Collective.all_gather_object`."""
-        return self.collective.all_gather_object(obj)
-
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
         if self.is_global_zero:
@@ -758,88 +661,5 @@ class Strategy:
         return f"{type(self).__name__}({parts})"
 
 
-#: The methods in which a rank can wait for its peers: watched for hang reports.
-_WATCHED = (
-    "setup",
-    "backward",
-    "optimizer_step",
-    "clip_gradients",
-    "save_checkpoint",
-    "load_checkpoint",
-    *OPERATIONS,  # those a strategy forwards; the others are not its methods
-)
-
-
-def _watch_methods(cls: type) -> None:
-    """Wrap the methods of ``_WATCHED`` that ``cls`` defines itself so that
-    the strategy's :class:`~phalanx_core.hangs.HangWatch` sees them."""
-    for name in _WATCHED:
-        method = cls.__dict__.get(name)
-        if callable(method) and not getattr(method, "_phalanx_watched", False):
-            setattr(cls, name, _watched(name, method))
-
-
-def _watched(name: str, method: Callable[..., T]) -> Callable[..., T]:
-    operation = name in OPERATIONS
-
-    @functools.wraps(method)
-    def watched(self: Strategy, *args: Any, **kwargs: Any) -> T:
-        watch = self._hang_watch
-        outer = watch.enter(name) if watch is not None else None
-        try:
-            return method(self, *args, **kwargs)
-        except Exception:
-            if operation:
-                # Before set-up the backend's own words mislead ("Default
-                # process group has not been initialized"): say why.
-                self._not_set_up(name)
-            raise
-        finally:
-            if watch is not None:
-                watch.leave(outer)
-
-    watched._phalanx_watched = True  # type: ignore[attr-defined]
-    return watched
-
-
-_watch_methods(Strategy)
-
-
-def _make_optimizer(factory: Any, module: Any) -> Any:
-    if not callable(factory):
-        raise MisconfigurationError(
-            f"setup(module, {factory!r}): an optimizer must be an optimizer (with .step) or a "
-            "callable that makes one from the module's parameters"
-        )
-    return factory(module.parameters())
-
-
-def _is_module(obj: Any) -> bool:
-    return hasattr(obj, "parameters") and hasattr(obj, "named_modules")
-
-
-def _to_device(batch: Any, device: Any) -> Any:
-    if hasattr(batch, "to") and callable(batch.to) and not isinstance(batch, type):
-        return batch.to(device)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
-
-
-@contextlib.contextmanager
-def _skip_init() -> Generator[None, None, None]:
-    """Make every ``torch.nn.init`` function return its tensor untouched."""
-    from torch.overrides import TorchFunctionMode
-
-    class SkipInit(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if getattr(func, "__module__", None) == "torch.nn.init":
-                return args[0] if args else kwargs["tensor"]
-            return func(*args, **(kwargs or {}))
-
-    with SkipInit():
-        yield
+for _class in (CollectiveCalls, Strategy):
+    watch_methods(_class, _WATCHED, OPERATIONS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from phalanx_core.testing.suites import CollectiveSuite
+from phalanx.testing.suites import CollectiveSuite
 
 
 class TestCompressedOverTorch(CollectiveSuite):

@@ -1,5 +1,5 @@
 """phalanx-horovod's parts through the conformance suites of
-phalanx_core.testing.suites, with real horovod: ranks started by the
+phalanx.testing.suites, with real horovod: ranks started by the
 ``horovod`` launcher (horovod.runner.run over gloo) from this plain Python
 process."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite, TrafficSuite
+from phalanx.testing.suites import CollectiveSuite, LauncherSuite, TrafficSuite
 
 pytestmark = pytest.mark.subprocess
 

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import pytest
 
 import phalanx
+from phalanx.testing.suites import EnvironmentSuite
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import EnvironmentSuite
 from phalanx_horovod.environment import HorovodEnvironment
 
 RANK_3_OF_4 = {

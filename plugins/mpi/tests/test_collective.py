@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import phalanx
+from phalanx.testing.suites import CollectiveSuite, TrafficSuite
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import CollectiveSuite, TrafficSuite
 
 
 class TestMPICollective(CollectiveSuite):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import phalanx
+from phalanx.testing.suites import LauncherSuite
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import LauncherSuite
 
 
 class TestMPIRunLauncher(LauncherSuite):

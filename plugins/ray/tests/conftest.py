@@ -68,7 +68,7 @@ def ray_token() -> Iterator[Path]:
 @pytest.fixture
 def clean(monkeypatch):
     """No scheduler's variables (nor phalanx's): the tests set their own."""
-    from phalanx_core.testing.suites import EnvironmentSuite
+    from phalanx.testing.suites import EnvironmentSuite
 
     for name in list(os.environ):
         if name.startswith(EnvironmentSuite.cleared):

@@ -10,8 +10,8 @@ import pytest
 from phalanx_ray.environment import JOB_VAR, NODES_VAR, RayEnvironment
 
 import phalanx
+from phalanx.testing.suites import EnvironmentSuite
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import EnvironmentSuite
 
 #: What the ray launcher sets in rank 1 of 2 nodes x 2 ranks (as the
 #: ``rank_1_of_4`` fixture does).

@@ -70,7 +70,7 @@ def test_an_actor_killed_with_ray_kill_fails_the_job_naming_its_rank(tag):
         strategy.launch(kill_own_actor)
     error = info.value
     assert (error.rank, error.node, error.exitcode, error.signal, error.traceback) == (1, 0, None, None, None)
-    assert "its actor died without a Python traceback" in str(error), error
+    assert "failed first, it died without a Python traceback" in str(error), error
     assert error.host, error
 
 

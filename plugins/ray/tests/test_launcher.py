@@ -8,8 +8,8 @@ import pytest
 from phalanx_ray.environment import RayEnvironment
 
 import phalanx
+from phalanx.testing.suites import LauncherSuite
 from phalanx_core import MisconfigurationError
-from phalanx_core.testing.suites import LauncherSuite
 
 
 class TestRayLauncher(LauncherSuite):

@@ -1,5 +1,5 @@
 """phalanx-torch's parts through the conformance suites of
-phalanx_core.testing.suites, as any plugin author runs them."""
+phalanx.testing.suites, as any plugin author runs them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import pytest
 
-from phalanx_core.testing.suites import AcceleratorSuite, CollectiveSuite, EnvironmentSuite, LauncherSuite
+from phalanx.testing.suites import AcceleratorSuite, CollectiveSuite, EnvironmentSuite, LauncherSuite
 
 pytestmark = pytest.mark.subprocess
 

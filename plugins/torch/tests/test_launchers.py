@@ -483,7 +483,8 @@ def test_one_node_listens_on_loopback_only_script_mode():
 
 
 def test_the_address_a_node_listens_on():
-    from phalanx_torch._listen import LOOPBACK, gloo_variables, interface_of, listen_address
+    from phalanx_core.launching import LOOPBACK, listen_variables
+    from phalanx_torch._listen import interface_of, listen_address
 
     assert listen_address("192.0.2.1", 29500, num_nodes=1) == LOOPBACK
     # Several nodes with a loopback main address (node 0's name mapped to
@@ -492,14 +493,14 @@ def test_the_address_a_node_listens_on():
     assert interface_of("") is None
     if sys.platform.startswith("linux"):
         assert interface_of(LOOPBACK) is not None
-        assert gloo_variables(LOOPBACK) == {"GLOO_SOCKET_IFNAME": interface_of(LOOPBACK)}
+        assert listen_variables(LOOPBACK) == {"GLOO_SOCKET_IFNAME": interface_of(LOOPBACK)}
 
 
 def test_a_gloo_interface_the_user_chose_is_kept(monkeypatch):
-    from phalanx_torch._listen import LOOPBACK, gloo_variables
+    from phalanx_core.launching import LOOPBACK, listen_variables
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
-    assert gloo_variables(LOOPBACK) == {}
+    assert listen_variables(LOOPBACK) == {}
 
 
 def test_two_nodes_of_two_processes_make_one_world_of_four():

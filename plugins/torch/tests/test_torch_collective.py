@@ -13,6 +13,7 @@ import torch.distributed as dist
 import phalanx
 from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.testing.contract import CHECKS, check_collective
+from phalanx_torch._c10d_backends import check_backend
 from phalanx_torch.collectives import TorchCollective
 
 pytestmark = pytest.mark.subprocess
@@ -87,13 +88,13 @@ def test_adopts_a_group_the_user_made():
 
 def test_unknown_and_unavailable_backends_are_refused_by_name():
     with pytest.raises(MisconfigurationError, match=r"knows no such backend; it has .*gloo"):
-        TorchCollective._check_backend("glooo")
+        check_backend("glooo")
     if not dist.is_mpi_available():
         with pytest.raises(UnavailableError, match=r"no mpi backend .* use collective='mpi'"):
-            TorchCollective._check_backend("mpi")
+            check_backend("mpi")
     if not dist.is_nccl_available():
         with pytest.raises(UnavailableError, match=r"no nccl backend"):
-            TorchCollective._check_backend("nccl")
+            check_backend("nccl")
 
 
 def slow_rank_times_out(strategy):

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import phalanx
+from phalanx.testing.suites import _bounded
 from phalanx_core import MisconfigurationError, UnavailableError
-from phalanx_core.testing.suites import _bounded
 
 pytestmark = pytest.mark.subprocess
 

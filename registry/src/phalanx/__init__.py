@@ -28,8 +28,9 @@ from phalanx_core.errors import (
 )
 
 from ._discovery import PluginRecord, Provider
+from ._entry import Entry
 from ._plan import Choice, Plan
-from ._registry import Entry, Registry
+from ._registry import Registry
 
 if TYPE_CHECKING:
     from phalanx_core import Strategy
@@ -77,7 +78,7 @@ def under_run() -> bool:
     the defaults of :func:`resolve`."""
     import os
 
-    from ._resolve import RUN_FLAGS_VAR
+    from ._flags import RUN_FLAGS_VAR
 
     return bool(os.environ.get(RUN_FLAGS_VAR))
 
@@ -91,7 +92,7 @@ def run_flags() -> dict[str, Any]:
     import json
     import os
 
-    from ._resolve import RUN_FLAGS_VAR
+    from ._flags import RUN_FLAGS_VAR
 
     raw = os.environ.get(RUN_FLAGS_VAR)
     return dict(json.loads(raw)) if raw else {}

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from phalanx_core import hookspecs
-from phalanx_core.errors import MisconfigurationError, PluginError, UnavailableError, UnknownNameError
+from phalanx_core.errors import MisconfigurationError, PluginError, UnknownNameError
 from phalanx_core.hookspecs import HOOKS, PROJECT
 from phalanx_core.specs import SPEC_TYPES, Kind, Spec
 
+from ._build import build as _build
 from ._discovery import (
     ALLOW_VAR,
     DEBUG_VAR,
@@ -28,8 +26,8 @@ from ._discovery import (
     plugin_filters,
     select_entry_points,
 )
+from ._entry import RUNTIME, Entry
 from ._plan import Plan
-from ._resolve import build as _build
 from ._resolve import plan as _plan
 
 if TYPE_CHECKING:
@@ -37,73 +35,6 @@ if TYPE_CHECKING:
     from phalanx_core.accelerator import DevicesFlag
 
 __all__ = ["Entry", "Registry"]
-
-RUNTIME = "<runtime>"
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A spec and who gave it."""
-
-    spec: Spec
-    provider: Provider
-
-    @property
-    def kind(self) -> Kind:
-        return self.spec.kind
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.provider.distribution or RUNTIME}:{self.spec.name}"
-
-    def missing(self) -> list[str]:
-        """The import names in ``needs`` that are not installed (nothing is imported)."""
-        return [n for n in self.spec.needs if importlib.util.find_spec(n.partition(".")[0]) is None]
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.name!r} from {self.provider}"
-
-    def check_installed(self) -> None:
-        """Raise :class:`UnavailableError` when the spec's needs are missing."""
-        missing = self.missing()
-        if missing:
-            todo = self.spec.install or f"pip install {' '.join(missing)}"
-            raise UnavailableError(
-                f"{self.describe()} needs {', '.join(missing)}, which "
-                f"{'is' if len(missing) == 1 else 'are'} not installed; run: {todo}"
-            )
-
-    def load(self) -> Any:
-        """Import the spec's target and return it. Raises
-        :class:`UnavailableError` when its needs are missing and
-        :class:`PluginError`, naming the distribution, when the target does
-        not exist."""
-        self.check_installed()
-        module_name, _, attr = self.spec.target.partition(":")
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except Exception as exc:
-            raise PluginError(
-                f"{self.describe()}: its target {self.spec.target!r} cannot be imported "
-                f"({type(exc).__name__}: {exc}). Fix or uninstall {self.owner()}"
-            ) from exc
-        for part in attr.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError as exc:
-                raise PluginError(
-                    f"{self.describe()}: its target {self.spec.target!r} does not exist (module "
-                    f"{module_name!r} has no {part!r}). Fix or uninstall {self.owner()}"
-                ) from exc
-        return obj
-
-    def owner(self) -> str:
-        """Who to ask about this part: its distribution, or the code that registered it."""
-        return self.provider.distribution or f"the code that registered {self.name!r}"
 
 
 class Registry:

@@ -3,63 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx_core import (
-    Accelerator,
-    ClusterEnvironment,
-    Collective,
-    Launcher,
     MisconfigurationError,
     PhalanxError,
-    PluginError,
-    Precision,
     Strategy,
     UnavailableError,
 )
 from phalanx_core.specs import CollectiveSpec, Kind, LauncherSpec, StrategySpec
 
+from ._entry import Catalog, Entry
+from ._flags import (
+    _DEFAULTS,
+    INTERFACES,
+    _check_flags,
+    _device_count,
+    _with_plugins,
+    _with_run_flags,
+)
 from ._plan import Choice, Plan
 
-if TYPE_CHECKING:
-    from ._registry import Entry, Registry
-
-__all__ = ["RUN_FLAGS_VAR", "build", "plan"]
-
-#: The flags ``phalanx run`` was given (JSON), which ``resolve()`` in the
-#: script's ranks takes as its defaults.
-RUN_FLAGS_VAR = "PHALANX_RUN_FLAGS"
-#: Each flag's value when the code does not give it.
-_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",
-    "accelerator": "auto",
-    "devices": "auto",
-    "num_nodes": 1,
-    "precision": "32-true",
-    "collective": None,
-}
-_KIND_OF = {
-    "strategy": Kind.STRATEGY,
-    "accelerator": Kind.ACCELERATOR,
-    "precision": Kind.PRECISION,
-    "collective": Kind.COLLECTIVE,
-}
-
-#: The interface each kind's instances and targets must have.
-INTERFACES: dict[Kind, type] = {
-    Kind.ACCELERATOR: Accelerator,
-    Kind.ENVIRONMENT: ClusterEnvironment,
-    Kind.LAUNCHER: Launcher,
-    Kind.COLLECTIVE: Collective,
-    Kind.PRECISION: Precision,
-    Kind.STRATEGY: Strategy,
-}
-_PARTS = (Kind.ACCELERATOR, Kind.ENVIRONMENT, Kind.PRECISION, Kind.COLLECTIVE, Kind.LAUNCHER)
+__all__ = ["plan"]
 
 
 def _is_interactive() -> bool:
@@ -81,222 +48,10 @@ def _spawn_bootstrapping() -> bool:
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
-# -- step 1: the flags ---------------------------------------------------------
-
-
-def _check_flags(flags: Mapping[str, Any]) -> None:
-    for kind in (Kind.STRATEGY, Kind.ACCELERATOR, *_PARTS[1:]):
-        value = flags[str(kind)]
-        if value is None or isinstance(value, (str, INTERFACES[kind])):
-            continue
-        if kind is Kind.PRECISION and isinstance(value, int) and not isinstance(value, bool):
-            continue
-        raise MisconfigurationError(
-            f"{kind}={value!r}: expected a name (str) or a {INTERFACES[kind].__name__} instance, "
-            f"got {type(value).__name__}. `phalanx list --kind {kind}` shows the names"
-        )
-    if flags["strategy"] is None or flags["accelerator"] is None:
-        which = "strategy" if flags["strategy"] is None else "accelerator"
-        raise MisconfigurationError(f"{which}=None: name one, or pass 'auto'")
-    devices = flags["devices"]
-    ok_devices = (
-        (isinstance(devices, int) and not isinstance(devices, bool))
-        or isinstance(devices, str)
-        or (
-            isinstance(devices, Sequence)
-            and all(isinstance(d, int) and not isinstance(d, bool) for d in devices)
-        )
-    )
-    if not ok_devices:
-        raise MisconfigurationError(
-            f"devices={devices!r}: expected an int, a list of ints, a string like '0,2', or 'auto'"
-        )
-    if (isinstance(devices, int) and devices == 0) or devices in ((), []):
-        raise MisconfigurationError(
-            f"devices={devices!r} asks for no device; ask for at least 1, or -1 / 'auto' for all"
-        )
-    if isinstance(devices, int) and devices < -1:
-        raise MisconfigurationError(
-            f"devices={devices}: a count must be at least 1 (-1 and 'auto' mean all devices)"
-        )
-    if isinstance(devices, str) and devices.strip() not in ("auto", "-1"):
-        items = [d.strip() for d in devices.split(",")]
-        if not all(d.isdigit() for d in items if d) or not any(items) or "" in items[:-1]:
-            raise MisconfigurationError(
-                f"devices={devices!r}: expected 'auto', a count like '2', or device indices like '0,2'"
-            )
-        if devices.strip().isdigit() and int(devices) == 0:
-            raise MisconfigurationError(
-                f"devices={devices!r} asks for no device; ask for at least 1, or -1 / 'auto' for all"
-            )
-    if isinstance(devices, Sequence) and not isinstance(devices, str) and any(d < 0 for d in devices):
-        raise MisconfigurationError(f"devices={list(devices)!r}: device indices start at 0")
-    nodes = flags["num_nodes"]
-    if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
-        raise MisconfigurationError(f"num_nodes={nodes!r}: expected an int of at least 1")
-    if isinstance(flags["strategy"], Strategy):
-        _check_beside_instance(flags)
-
-
-def _check_beside_instance(flags: Mapping[str, Any]) -> None:
-    """Beside a ready strategy, a part or option given is refused (it has
-    its parts), and ``devices`` / ``num_nodes`` must be what it was built
-    with: none is dropped without a word."""
-    ready = flags["strategy"]
-    given = [str(k) for k in _PARTS if flags[str(k)] not in (None, "auto")]
-    if given or flags["options"]:
-        raise MisconfigurationError(
-            f"strategy is a ready {type(ready).__name__} instance, so it already has "
-            f"its parts; you also passed {', '.join(given + list(flags['options']))}. Give "
-            "the strategy by name to choose its parts with flags, or set them on the instance"
-        )
-    has = {"devices": len(getattr(ready, "parallel_devices", ()) or ()), "num_nodes": ready.num_nodes}
-    devices = flags["devices"]
-    count = _device_count(devices) if devices not in ("auto", -1, "-1") else None
-    asked = {"devices": count, "num_nodes": flags["num_nodes"]}
-    differ = [k for k in ("devices", "num_nodes") if asked[k] is not None and asked[k] != has[k]]
-    if differ:
-        raise MisconfigurationError(
-            f"strategy is a ready {type(ready).__name__} instance built for devices={has['devices']}, "
-            f"num_nodes={has['num_nodes']}, and you also passed "
-            f"{', '.join(f'{k}={flags[k]!r}' for k in differ)}; it cannot change now. Give the strategy "
-            "by name with those flags, or drop them"
-        )
-
-
-def _with_plugins(flags: dict[str, Any]) -> dict[str, Any]:
-    """Give each ready part in ``plugins=[...]`` to its kind's flag (and a
-    CheckpointIO to the strategy's ``checkpoint_io``); a kind given twice is
-    an error that names both."""
-    from phalanx_core import CheckpointIO
-
-    plugins = flags.get("plugins") or ()
-    if not isinstance(plugins, (list, tuple)):
-        raise MisconfigurationError(
-            f"plugins={plugins!r}: expected a list of ready parts (an environment, a precision, "
-            "a collective, a launcher, an accelerator or a CheckpointIO instance)"
-        )
-    merged = {k: v for k, v in flags.items() if k != "plugins"}
-    merged["options"] = dict(flags["options"])
-    seen: dict[str, Any] = {}
-    for item in plugins:
-        if isinstance(item, CheckpointIO):
-            kind_name, flag = "checkpoint_io", "checkpoint_io"
-        else:
-            kinds = [k for k in _PARTS if isinstance(item, INTERFACES[k])]
-            if not kinds:
-                what = "a strategy: pass it as the first argument" if isinstance(item, Strategy) else ""
-                raise MisconfigurationError(
-                    f"plugins=[..., {item!r}, ...]: not a part phalanx composes{'; ' + what if what else ''}"
-                    ". plugins= takes ready environments, precisions, collectives, launchers, "
-                    "accelerators and CheckpointIO instances"
-                )
-            kind_name = flag = str(kinds[0])
-        if kind_name in seen:
-            raise MisconfigurationError(
-                f"plugins= has two {kind_name} parts, {type(seen[kind_name]).__name__} and "
-                f"{type(item).__name__}; a strategy has one {kind_name}: keep the one you mean"
-            )
-        seen[kind_name] = item
-        if flag == "checkpoint_io":
-            given = merged["options"].get("checkpoint_io")
-        else:
-            given = merged[flag]
-            if (flag, given) == ("accelerator", "auto"):
-                given = None
-        if given is not None:
-            raise MisconfigurationError(
-                f"the {kind_name} is given twice: {flag}={given!r} and plugins=[{type(item).__name__}(...)]"
-                "; give it in one place"
-            )
-        if flag == "checkpoint_io":
-            merged["options"]["checkpoint_io"] = item
-        else:
-            merged[flag] = item
-    return merged
-
-
-def _device_count(devices: Any) -> int | None:
-    """How many devices a flag asks for, where that is known without the hardware."""
-    if isinstance(devices, int) and devices > 0:
-        return devices
-    if isinstance(devices, str) and devices not in ("auto", "-1"):
-        items = [d for d in devices.split(",") if d.strip()]
-        return len(items) if "," in devices else (int(devices) if devices.strip().isdigit() else None)
-    if isinstance(devices, Sequence) and not isinstance(devices, str):
-        return len(devices)
-    return None
-
-
-def _same(registry: Registry, flag: str, a: Any, b: Any) -> bool:
-    """Whether two values of a flag mean the same (an alias and its name)."""
-    if flag in _KIND_OF:
-        a, b = (str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in (a, b))
-        if isinstance(a, str) and isinstance(b, str):
-            try:
-                return registry.get(_KIND_OF[flag], a).spec is registry.get(_KIND_OF[flag], b).spec
-            except PhalanxError:
-                return a == b
-    if flag == "devices":
-        a, b = (int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in (a, b))
-        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-            return list(a) == list(b)
-    return bool(a == b)
-
-
-def _with_run_flags(registry: Registry, flags: dict[str, Any]) -> dict[str, Any]:
-    """Under ``phalanx run``, its flags fill the flags the code left at
-    their defaults; a flag given both ways with different values is an
-    error that names both."""
-    raw = os.environ.get(RUN_FLAGS_VAR)
-    if not raw:
-        return flags
-    try:
-        given = json.loads(raw)
-    except ValueError as exc:
-        raise MisconfigurationError(
-            f"{RUN_FLAGS_VAR}={raw!r} is not the JSON `phalanx run` writes ({exc}); unset it"
-        ) from exc
-    if isinstance(flags["strategy"], Strategy) and given:
-        shown = " ".join(
-            " ".join(f"--option {n}={v!r}" for n, v in v.items())
-            if k == "options"
-            else f"--{k.replace('_', '-')} {v}"
-            for k, v in given.items()
-        )
-        raise MisconfigurationError(
-            f"`phalanx run {shown}` chose the strategy's parts, and the script passes a ready "
-            f"{type(flags['strategy']).__name__} instance to resolve(); call phalanx.resolve() "
-            "without it, or drop the flags from phalanx run"
-        )
-    merged = dict(flags)
-    options = given.pop("options", None) or {}
-    if options:
-        merged["options"] = dict(flags["options"])
-        for name, value in options.items():
-            if name not in flags["options"]:
-                merged["options"][name] = value
-            elif flags["options"][name] != value:
-                raise MisconfigurationError(
-                    f"`phalanx run --option {name}={value!r}` and resolve({name}={flags['options'][name]!r}) "
-                    f"in the script disagree; give {name} in one place (the command line, or the code)"
-                )
-    for name, value in given.items():
-        code = flags.get(name, _DEFAULTS.get(name))
-        if code is None or (name in _DEFAULTS and _same(registry, name, code, _DEFAULTS[name])):
-            merged[name] = value
-        elif not _same(registry, name, code, value):
-            raise MisconfigurationError(
-                f"`phalanx run --{name.replace('_', '-')} {value}` and resolve({name}={code!r}) in the "
-                f"script disagree; give {name} in one place (the command line, or the code)"
-            )
-    return merged
-
-
 # -- step 2: the plan ------------------------------------------------------------
 
 
-def _named(registry: Registry, kind: Kind, value: Any, reason: str) -> Choice:
+def _named(registry: Catalog, kind: Kind, value: Any, reason: str) -> Choice:
     if isinstance(value, INTERFACES[kind]):
         # Planned under the part's own name (an Accelerator's is its device
         # type: a custom 'xla' accelerator fits the xla strategies).
@@ -311,7 +66,7 @@ def _choice(entry: Entry, reason: str) -> Choice:
     return Choice(entry.kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
 
 
-def _pick_accelerator(registry: Registry, allowed: Sequence[str]) -> Choice:
+def _pick_accelerator(registry: Catalog, allowed: Sequence[str]) -> Choice:
     candidates = [e for e in registry.entries(Kind.ACCELERATOR) if not allowed or e.name in allowed]
     candidates.sort(key=lambda e: (-e.spec.priority, e.name))
     skipped = []
@@ -337,7 +92,7 @@ def _pick_accelerator(registry: Registry, allowed: Sequence[str]) -> Choice:
     )
 
 
-def _pick_strategy(registry: Registry, accelerator: str, count: int | None, num_nodes: int) -> Choice:
+def _pick_strategy(registry: Catalog, accelerator: str, count: int | None, num_nodes: int) -> Choice:
     parallel = num_nodes > 1 or (count is not None and count > 1)
     fits = [
         e
@@ -404,7 +159,7 @@ def _check_external_world(environment: Any, num_devices: int, num_nodes: int) ->
         )
 
 
-def _auto_count(registry: Registry, accelerator: Choice, flags: Mapping[str, Any]) -> int | None:
+def _auto_count(registry: Catalog, accelerator: Choice, flags: Mapping[str, Any]) -> int | None:
     """What ``devices='auto'`` / ``-1`` counts when choosing a strategy: the
     processes a launcher already started, else every device of the
     accelerator (4 GPUs: DDP on 4, as Fabric does)."""
@@ -423,7 +178,7 @@ def _auto_count(registry: Registry, accelerator: Choice, flags: Mapping[str, Any
     return int(cls.device_count()) or None
 
 
-def _runs_interactively(registry: Registry, entry: Entry) -> bool:
+def _runs_interactively(registry: Catalog, entry: Entry) -> bool:
     """Whether a strategy's default launcher works where there is no script."""
     assert isinstance(entry.spec, StrategySpec)
     try:
@@ -433,7 +188,7 @@ def _runs_interactively(registry: Registry, entry: Entry) -> bool:
     return isinstance(launcher.spec, LauncherSpec) and launcher.spec.interactive
 
 
-def _detect_environment(registry: Registry) -> Choice:
+def _detect_environment(registry: Catalog) -> Choice:
     entries = sorted(registry.entries(Kind.ENVIRONMENT), key=lambda e: (-e.spec.priority, e.name))
     for entry in entries:
         if entry.missing():
@@ -446,7 +201,7 @@ def _detect_environment(registry: Registry) -> Choice:
     )
 
 
-def _launchers_environment(registry: Registry, launcher: Any, detected: Choice) -> Choice:
+def _launchers_environment(registry: Catalog, launcher: Any, detected: Choice) -> Choice:
     """The environment the chosen launcher's ranks run in, where its spec
     names one (``ray``), instead of the one detected; unless what was
     detected already started the processes (a scheduler's ranks, or this
@@ -479,7 +234,7 @@ def _launcher_spec(choice: Choice) -> LauncherSpec | None:
     return choice.spec if isinstance(choice.spec, LauncherSpec) else None
 
 
-def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Choice) -> Choice:
+def _pick_launcher(registry: Catalog, flag: Any, default: str, environment: Choice) -> Choice:
     env_class = type(environment.instance) if environment.instance is not None else None
     if env_class is None and environment.spec is not None:
         env_class = registry.get(Kind.ENVIRONMENT, _qualified(environment)).load()
@@ -530,7 +285,7 @@ def _pick_launcher(registry: Registry, flag: Any, default: str, environment: Cho
     return _choice(entry, "the strategy's default")
 
 
-def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
+def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
     """Check the flags, then choose every part; import only what choosing
     needs (accelerator availability for ``"auto"``, environment detection)."""
     flags = _with_run_flags(registry, _with_plugins(flags))
@@ -642,7 +397,7 @@ def plan(registry: Registry, flags: dict[str, Any]) -> Plan:
     )
 
 
-def _composition(registry: Registry, collective: Choice, options: Mapping[str, Any]) -> tuple[Choice, ...]:
+def _composition(registry: Catalog, collective: Choice, options: Mapping[str, Any]) -> tuple[Choice, ...]:
     """The collectives a composed collective is made of (``compressed``'s
     inner one), as its spec's ``parts`` names the options that choose them,
     each chosen as ``collective=`` would be; none for another collective.
@@ -657,169 +412,3 @@ def _composition(registry: Registry, collective: Choice, options: Mapping[str, A
             part = _named(registry, Kind.COLLECTIVE, name, f"{role} of {collective.name!r}")
             chosen.append(dataclasses.replace(part, name=f"{role}: {part.name}"))
     return tuple(chosen)
-
-
-# -- step 3: build ----------------------------------------------------------------
-
-
-#: What build passes to each kind itself; users cannot set these as options.
-_GIVEN: dict[Kind, tuple[str, ...]] = {
-    Kind.ACCELERATOR: (),
-    Kind.ENVIRONMENT: (),
-    Kind.PRECISION: ("accelerator",),
-    Kind.COLLECTIVE: (),
-    Kind.LAUNCHER: ("environment", "num_processes", "num_nodes", "accelerator"),
-    Kind.STRATEGY: (
-        "accelerator",
-        "environment",
-        "collective",
-        "precision",
-        "launcher",
-        "parallel_devices",
-        "num_nodes",
-    ),
-}
-
-
-def _target(registry: Registry, choice: Choice) -> tuple[Entry, type] | None:
-    """The entry and class a choice builds, or None for a ready instance."""
-    if choice.instance is not None:
-        return None
-    qualified = (
-        f"{choice.provider.distribution}:{choice.name}"
-        if choice.provider and choice.provider.distribution
-        else choice.name
-    )
-    entry = registry.get(choice.kind, qualified)
-    target = entry.load()
-    interface = INTERFACES[choice.kind]
-    if not (isinstance(target, type) and issubclass(target, interface)):
-        raise PluginError(
-            f"{entry.describe()}: its target {entry.spec.target!r} is {target!r}, not a subclass "
-            f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.owner()}"
-        )
-    return entry, target
-
-
-def _route(plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]) -> dict[Kind, dict[str, Any]]:
-    """Give each user option to the one part whose constructor takes it."""
-    routed: dict[Kind, dict[str, Any]] = {kind: {} for kind in targets}
-    takes: dict[Kind, set[str]] = {}
-    for kind, found in targets.items():
-        if found is not None:
-            accepted = _accepted_options(found[1])
-            takes[kind] = (accepted if accepted is not None else set()) - set(_GIVEN[kind])
-    for key, value in plan.options.items():
-        takers = [kind for kind, names in takes.items() if key in names]
-        if len(takers) == 1:
-            routed[takers[0]][key] = value
-            continue
-        if not takers:
-            accepted_by = "; ".join(
-                f"{kind} {targets[kind][0].name!r} takes {', '.join(sorted(names)) or 'none'}"  # type: ignore[index]
-                for kind, names in takes.items()
-            )
-            raise MisconfigurationError(
-                f"option {key}={value!r} is taken by no part of this plan ({accepted_by}). Check "
-                "the spelling, or pass a ready instance of the part that should get it"
-            )
-        raise MisconfigurationError(
-            f"option {key}={value!r} is taken by more than one part: "
-            f"{', '.join(f'{k} {targets[k][0].name!r}' for k in takers)}; pass a ready instance "  # type: ignore[index]
-            "of the part you mean instead (e.g. collective=TorchCollective(timeout=60))"
-        )
-    return routed
-
-
-def _construct(
-    found: tuple[Entry, type] | None, choice: Choice, options: dict[str, Any], **given: Any
-) -> Any:
-    if found is None:
-        return choice.instance
-    return found[1](**{**choice.options, **options, **given})
-
-
-def _accepted_options(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up
-    the base classes; ``None`` when any are accepted."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        if klass is object:
-            return names
-        params = inspect.signature(init).parameters.values()
-        names.update(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            names.discard("self")
-            return names
-    return None
-
-
-def build(registry: Registry, plan: Plan) -> Strategy:
-    """Import the chosen targets and construct the parts in order; each
-    part validates itself in its constructor."""
-    if plan.strategy.instance is not None:
-        return plan.strategy.instance  # type: ignore[no-any-return]
-    acc, env, prec, coll, launch = (
-        plan.accelerator,
-        plan.environment,
-        plan.precision,
-        plan.collective,
-        plan.launcher,
-    )
-    if acc is None or env is None or prec is None or coll is None or launch is None:
-        raise MisconfigurationError(f"build(): the plan has unchosen parts: {plan!r}")
-    spec = plan.strategy.spec
-    targets = {choice.kind: _target(registry, choice) for choice in plan.parts()}
-    for kind, found in targets.items():
-        if found is not None:
-            choice = getattr(plan, str(kind))
-            accepted = _accepted_options(found[1])
-            bad = sorted(set(choice.options) - accepted) if accepted is not None else []
-            if bad:
-                raise PluginError(
-                    f"{found[0].describe()}: its spec gives option(s) {', '.join(map(repr, bad))}, "
-                    f"which {found[1].__qualname__} does not take. Fix or uninstall {found[0].owner()}"
-                )
-    options = _route(plan, targets)
-    accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
-    devices = plan.devices
-    environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
-    if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
-        devices = 1
-    elif devices in ("auto", -1, "-1"):
-        # Inside processes torchrun / srun / mpirun started, 'auto' is what
-        # they started on this node (not the accelerator's own count).
-        devices = _external_world(environment, plan.num_nodes) or devices
-    parallel_devices = accelerator.parallel_devices(devices)
-    environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
-    _check_external_world(environment, len(parallel_devices), plan.num_nodes)
-    precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
-    collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
-    found = targets[Kind.LAUNCHER]
-    takes_accelerator = found is not None and "accelerator" in (_accepted_options(found[1]) or ())
-    launcher = _construct(
-        found,
-        launch,
-        options[Kind.LAUNCHER],
-        environment=environment,
-        num_processes=len(parallel_devices),
-        num_nodes=plan.num_nodes,
-        **({"accelerator": accelerator} if takes_accelerator else {}),
-    )
-    strategy: Strategy = _construct(
-        targets[Kind.STRATEGY],
-        plan.strategy,
-        options[Kind.STRATEGY],
-        accelerator=accelerator,
-        environment=environment,
-        collective=collective,
-        precision=precision,
-        launcher=launcher,
-        parallel_devices=parallel_devices,
-        num_nodes=plan.num_nodes,
-    )
-    strategy.plan = plan
-    return strategy

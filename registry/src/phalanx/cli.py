@@ -19,13 +19,14 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from phalanx_core._process import exit_process
 from phalanx_core.errors import PhalanxError, WorkerFailedError
 from phalanx_core.hangs import HANG_REPORT_VAR
+from phalanx_core.launching import exit_process
 from phalanx_core.specs import Kind
 
-from ._registry import Entry, Registry
-from ._resolve import RUN_FLAGS_VAR
+from ._entry import Entry
+from ._flags import RUN_FLAGS_VAR
+from ._registry import Registry
 
 __all__ = ["main"]
 

@@ -17,9 +17,14 @@ Fixtures:
             registry = phalanx_registry()
             assert registry.get("collective", "mine")
 
-``phalanx_registry``
-    A factory for fresh :class:`phalanx.Registry` objects (keyword arguments
-    are passed on). Needs the ``phalanx`` distribution installed.
+(``phalanx_registry`` comes from the registry's own kit,
+:mod:`phalanx.testing`.) Also here, for tests of any part: the collective
+contract's checks (:mod:`phalanx_core.testing.contract`), the processes a
+job left behind (:mod:`phalanx_core.testing.processes`), hosts made of
+network namespaces (:mod:`phalanx_core.testing.hosts`). The conformance
+suites, which run real jobs through ``phalanx.resolve``, are in
+:mod:`phalanx.testing.suites`: phalanx-core, the bottom of the house,
+imports nothing above it.
 
 Nothing here is registered unless a test suite asks for it.
 """
@@ -29,13 +34,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ._distributions import GROUP, forget_modules, write_distribution
 
-__all__ = ["GROUP", "phalanx_distribution", "phalanx_registry", "write_distribution"]
+__all__ = ["GROUP", "phalanx_distribution", "write_distribution"]
 
 
 @pytest.fixture
@@ -64,19 +68,3 @@ def phalanx_distribution(
     yield install
     forget_modules(installed)
     sys.path_importer_cache.clear()
-
-
-@pytest.fixture
-def phalanx_registry() -> Callable[..., Any]:
-    """A factory for fresh registries: ``phalanx_registry(plugins=(...), autoload=True)``."""
-    try:
-        import phalanx
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise pytest.UsageError(
-            "the phalanx_registry fixture needs the registry: pip install phalanx"
-        ) from exc
-
-    def make(**kwargs: Any) -> Any:
-        return phalanx.Registry(**kwargs)
-
-    return make

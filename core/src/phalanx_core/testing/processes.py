@@ -32,6 +32,7 @@ __all__ = [
     "descendants",
     "is_alive",
     "left_behind",
+    "listening_sockets",
     "new_tag",
     "reap",
     "run_tagged",
@@ -195,3 +196,49 @@ def run_tagged(
         left = reap(tag)
     assert not left, f"processes left behind (killed now): {left}"
     return done
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes: set[str] = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or not ours to read
+        return inodes
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _address(hex_address: str) -> tuple[str, int]:
+    import ipaddress
+
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        address = str(ipaddress.IPv4Address(raw[::-1]))
+    else:  # four little-endian 32-bit words
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+        six = ipaddress.IPv6Address(words)
+        # An IPv4 address on an IPv6 socket (::ffff:127.0.0.1) is that IPv4 address.
+        address = str(six.ipv4_mapped or six)
+    return address, int(port, 16)
+
+
+def listening_sockets(pids: list[int] | set[int]) -> list[tuple[int, str, int]]:
+    """The TCP sockets that ``pids`` hold open and listen on, as ``(pid,
+    address, port)``; address ``0.0.0.0`` or ``::`` means every interface.
+    Reads ``/proc`` (Linux): the sockets of the network namespace of this
+    process."""
+    owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "0A" and fields[9] in owner:  # 0A: LISTEN
+                    address, port = _address(fields[1])
+                    found.append((owner[fields[9]], address, port))
+    return sorted(found)

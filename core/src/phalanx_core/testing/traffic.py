@@ -1,5 +1,5 @@
 """Training through a collective, and the bytes it carried: the rank
-program of :class:`~phalanx_core.testing.suites.TrafficSuite`.
+program of :class:`~phalanx.testing.suites.TrafficSuite`.
 
 Each rank trains a small model for a few SGD steps under the strategy (DDP,
 FSDP, or its own DDP over ``strategy.process_group`` under ``manual``), with

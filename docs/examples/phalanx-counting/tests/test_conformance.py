@@ -8,7 +8,7 @@
   and reach the weights of the same steps computed in one process.
 """
 
-from phalanx_core.testing.suites import CollectiveSuite, TrafficSuite
+from phalanx.testing.suites import CollectiveSuite, TrafficSuite
 
 
 class TestCountingCollective(CollectiveSuite):

@@ -10,18 +10,10 @@ from phalanx_core import UnavailableError
 from .plugin import INSTALL
 
 #: Text in the last line of a rank's traceback when its error was caused by a
-#: peer that failed first: Horovod shuts down on every rank when one leaves;
-#: a torch group beside it (strategy 'ddp' in Horovod's ranks) loses its
-#: connections, or its barrier times out.
-PEER_LOST = (
-    "HorovodInternalError",
-    "Horovod has been shut down",
-    "CollectiveTimeoutError",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "failed to pass monitoredBarrier",
-    "DistNetworkError",
-)
+#: peer that failed first, beside :data:`phalanx_core.launching.PEER_LOST_MARKS`
+#: (a torch group's lost connections, a collective's timeout): Horovod shuts
+#: down on every rank when one leaves.
+PEER_LOST = ("HorovodInternalError", "Horovod has been shut down")
 
 
 def hvd() -> Any:

@@ -4,22 +4,35 @@ when it launches."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import os
-import pickle
 import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
+from phalanx_core.launching import (
+    LOOPBACK,
+    RankFailure,
+    exit_process,
+    failure_text,
+    hosted_store,
+    last_tracebacks,
+    listen_variables,
+    rank_variables,
+    run_program,
+    signal_name,
+    worker_failed,
+    write_whole,
+)
 
 from ._hvd import PEER_LOST
 from .environment import HorovodEnvironment
@@ -31,13 +44,15 @@ __all__ = ["HorovodLauncher"]
 
 T = TypeVar("T")
 
-#: Lines of a rank's traceback quoted in the error (all of it is in ``.traceback``).
-_EXCERPT_LINES = 30
-#: A rank's stderr line as horovodrun marks it, ending a traceback:
-#: ``[1]<stderr>:ValueError: ...``.
-_RANK_ERROR = re.compile(r"^\[(\d+)\]<stderr>:([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
-#: Horovod's own summary of the first process that exited non-zero.
+#: Horovod's own summary of the first process that exited non-zero (its
+#: rank, here, where every rank is on this machine).
 _HOROVOD_FIRST = re.compile(r"Process name:\s*(\d+)\s*Exit code:\s*(-?\d+)")
+#: A rank's stderr line as horovodrun marks it: ``[1]<stderr>:text``.
+_TAGGED = re.compile(r"^\[(\d+)\]<stderr>:(.*)$")
+#: The last lines of horovodrun's stderr kept to find the failures in.
+_KEPT_LINES = 5000
+#: What happens to the other ranks when one fails, for the error's message.
+_STOPPED = "Horovod stopped every other rank"
 
 
 class HorovodLauncher(Launcher):
@@ -62,10 +77,18 @@ class HorovodLauncher(Launcher):
     **Failures.** Horovod stops every rank when one exits non-zero (SIGTERM,
     then SIGKILL after 5 s). Each rank leaves the traceback of an exception
     of ``fn`` in a folder of the launch; the caller gets
-    :class:`~phalanx_core.WorkerFailedError` naming the first rank that
-    failed: one that raised anything but the "Horovod has been shut down"
-    error its peers get when a rank leaves, else the first that exited
-    without a traceback (killed), with Horovod's exit code for it.
+    :class:`~phalanx_core.WorkerFailedError` built by
+    :func:`phalanx_core.launching.worker_failed`, with every failure seen
+    (each traceback, and the rank Horovod saw exit first, with its exit
+    code: 137, a shell's report of SIGKILL, becomes -9) and the root cause
+    chosen by the launchers' one rule; errors a peer's failure causes ("Horovod
+    has been shut down", a lost connection) are never taken for it.
+
+    **Listening.** Everything of a launch listens on 127.0.0.1 only: the
+    store of the rank protocol, Horovod's HTTP servers in this process (see
+    :mod:`phalanx_horovod._loopback`), Horovod's gloo (its network interface
+    is the loopback one) and a torch gloo group beside it
+    (``GLOO_SOCKET_IFNAME``, unless you set it).
 
     Options:
         start_timeout: seconds Horovod waits for the ranks to start (30).
@@ -118,26 +141,29 @@ class HorovodLauncher(Launcher):
         if self._in_place:
             return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
         import horovod.runner  # type: ignore[import-not-found, import-untyped, unused-ignore]
-        import torch.distributed as dist
+
+        from ._loopback import servers_on_loopback
 
         size = self.num_processes
+        interface = _loopback_interface()
         # The rendezvous of a torch group made beside Horovod's, hosted here
         # for the whole launch (see phalanx-torch's rank protocol).
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined, unused-ignore]
-        protocol = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+        store = hosted_store(LOOPBACK, wait_for_workers=False)
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         with tempfile.TemporaryDirectory(prefix="phalanx-horovod-") as box:
             try:
-                results = horovod.runner.run(
-                    _rank,
-                    args=(box, protocol, fn, args, kwargs),
-                    num_proc=size,
-                    hosts=f"localhost:{size}",
-                    use_gloo=True,
-                    start_timeout=self.start_timeout,
-                    disable_cache=True,
-                    verbose=self.verbose,
-                )
+                with servers_on_loopback():
+                    results = horovod.runner.run(
+                        _rank,
+                        args=(box, (LOOPBACK, store.port), listen_variables(LOOPBACK), fn, args, kwargs),
+                        num_proc=size,
+                        hosts=f"localhost:{size}",
+                        use_gloo=True,
+                        start_timeout=self.start_timeout,
+                        disable_cache=True,
+                        verbose=self.verbose,
+                        network_interfaces=[interface] if interface else None,
+                    )
             except Exception as exc:  # noqa: BLE001 - horovod.run raises RuntimeError and others
                 raise _failure(Path(box), size, exc) from None
             finally:
@@ -154,76 +180,93 @@ class HorovodLauncher(Launcher):
         this machine, and Horovod prefixes each output line with its rank
         (``[0]<stdout>:``); under horovodrun the program runs in this
         process. A failing rank stops the others and raises
-        :class:`~phalanx_core.WorkerFailedError` naming the rank Horovod
-        saw exit first, with its exit code (its traceback is in its output,
-        marked with its rank)."""
+        :class:`~phalanx_core.WorkerFailedError` for the rank that failed
+        first by the launchers' one rule, from the tracebacks in the ranks'
+        output and the rank Horovod saw exit first."""
         command = list(command)
         if self._in_place:
-            _run_program(command)
+            run_program(command)
             return
         size = self.num_processes
-        horovodrun = [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(size)]
+        interface = _loopback_interface()
+        # horovodrun, with its HTTP servers on loopback (phalanx_horovod._loopback).
+        horovodrun = [sys.executable, "-m", "phalanx_horovod._loopback", "--gloo", "-np", str(size)]
         horovodrun += ["-H", f"localhost:{size}", "--disable-cache"]
         horovodrun += ["--start-timeout", str(self.start_timeout)]
+        if interface:
+            horovodrun += ["--network-interfaces", interface]
         if self.verbose:
             horovodrun.append("--verbose")
+        env = {**os.environ, **listen_variables(LOOPBACK)}
         with subprocess.Popen(
-            [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True
+            [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True, env=env
         ) as proc:
-            said: list[str] = []
-            raised: dict[int, str] = {}  # each rank's last exception line
+            said: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
             for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
                 sys.stderr.write(line)
-                said.append(line)
-                del said[:-50]
-                marked = _RANK_ERROR.match(line)
-                if marked:
-                    raised[int(marked.group(1))] = marked.group(2)
+                said.append((time.time(), line))
             code = proc.wait()
         if code == 0:
             return
-        found = _HOROVOD_FIRST.search("".join(said))
-        rank, exitcode = (int(found.group(1)), int(found.group(2))) if found else (0, None)
-        # Horovod names the first process to exit, which may be a peer that
-        # lost its connection to the rank that raised (seen under load):
-        # name a rank whose own exception is the cause instead.
-        causes = sorted(r for r, text in raised.items() if not any(m in text for m in PEER_LOST))
-        if causes and rank not in causes:
-            rank, exitcode = causes[0], 1  # an uncaught exception: Python exits with 1
-        raise _worker_failed(_Failed(rank, None, 0.0), exitcode, size, where="its output above")
+        raised = {
+            rank: RankFailure(rank, traceback=text, when=when, peer_lost_marks=PEER_LOST)
+            for rank, (text, when) in _tracebacks(said).items()
+        }
+        failures = _with_first_exit(raised, "".join(line for _, line in said))
+        if not failures:
+            raise WorkerFailedError(
+                f"the launched job failed: horovodrun exited with code {code}, and which rank failed is "
+                "unknown: no rank's traceback is in its output and Horovod named none (so "
+                "WorkerFailedError.rank is -1). Its output above says why",
+                rank=-1,
+                exitcode=code,
+            )
+        raise worker_failed("horovod", failures, size, stopped=_STOPPED)
+
+
+def _loopback_interface() -> str | None:
+    """The name of the loopback interface (``lo``), where it can be told."""
+    from phalanx_core.network import interface_of
+
+    return interface_of(LOOPBACK)
 
 
 def _rank(
-    box: str, protocol: Mapping[str, str], fn: Callable[..., Any], args: Sequence[Any], kwargs: Any
+    box: str,
+    main: tuple[str, int],
+    variables: Mapping[str, str],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Any,
 ) -> Any:
-    """What every rank runs: the rank protocol's variables, then ``fn``; an
-    exception's traceback is left in ``box`` for the launching process."""
+    """What every rank runs: the rank protocol's variables (from Horovod's,
+    the store at ``main``), ``variables``, then ``fn``; an exception's
+    traceback is left in ``box`` for the launching process."""
     env = os.environ
-    rank = env.get("HOROVOD_RANK", "0")
+    rank, size = int(env.get("HOROVOD_RANK", "0")), int(env.get("HOROVOD_SIZE", "1"))
+    env.update(variables)
     env.update(
-        {
-            **protocol,
-            "RANK": rank,
-            "WORLD_SIZE": env.get("HOROVOD_SIZE", "1"),
-            "LOCAL_RANK": env.get("HOROVOD_LOCAL_RANK", rank),
-            "LOCAL_WORLD_SIZE": env.get("HOROVOD_LOCAL_SIZE", env.get("HOROVOD_SIZE", "1")),
-            "NODE_RANK": env.get("HOROVOD_CROSS_RANK", "0"),
-            "GROUP_RANK": env.get("HOROVOD_CROSS_RANK", "0"),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-        }
+        rank_variables(
+            rank=rank,
+            world_size=size,
+            local_rank=int(env.get("HOROVOD_LOCAL_RANK", rank)),
+            local_world_size=int(env.get("HOROVOD_LOCAL_SIZE", size)),
+            node_rank=int(env.get("HOROVOD_CROSS_RANK", "0")),
+            main_address=main[0],
+            main_port=main[1],
+            agent_store=True,
+        )
     )
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
         with contextlib.suppress(Exception):
-            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from fn's frame on
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
-            path = Path(box, f"{rank}.error")
-            partial = path.with_suffix(".partial")
-            partial.write_bytes(pickle.dumps((text, time.time())))
-            partial.replace(path)
+            text = failure_text(exc, skip_frames=1)  # from fn's frame on
+            write_whole(
+                Path(box, f"{rank}.error"), json.dumps({"traceback": text, "time": time.time()}).encode()
+            )
         raise
-    _deliver_and_leave(rank, result)
+    _deliver_and_leave(str(rank), result)
     return result
 
 
@@ -247,121 +290,61 @@ def _deliver_and_leave(rank: str, result: Any) -> None:
     except (ImportError, ValueError):
         return
     put_data_into_kvstore(argv[1], port, "runfunc_result", rank, result)
-    from phalanx_core._process import exit_process
-
     exit_process(0)
 
 
-@dataclass(frozen=True)
-class _Failed:
-    rank: int
-    traceback: str | None
-    when: float
-    exitcode: int | None = None
+def _exit_code(code: int) -> int:
+    """Horovod's exit code for a rank, with a shell's report of a signal
+    (128 + N: Horovod starts each rank through ``sh -c``) as a signal's
+    (-N)."""
+    return (
+        -(code - 128) if code > 128 and signal_name(code, shell=True) in signal.Signals.__members__ else code
+    )
 
-    @property
-    def lost_a_peer(self) -> bool:
-        last = (self.traceback or "").strip().splitlines()[-1:]
-        return bool(last) and any(mark in last[0] for mark in PEER_LOST)
+
+def _with_first_exit(raised: dict[int, RankFailure], said: str) -> list[RankFailure]:
+    """The failures: ``raised`` (the ranks' tracebacks), with the exit code
+    of the rank Horovod names in ``said`` as the first to exit non-zero
+    (seen now, where it left no traceback)."""
+    failures = dict(raised)
+    found = _HOROVOD_FIRST.search(said)
+    if found is not None:
+        rank, code = int(found.group(1)), _exit_code(int(found.group(2)))
+        known = failures.get(rank)
+        failures[rank] = RankFailure(
+            rank,
+            exitcode=code,
+            traceback=known.traceback if known else None,
+            when=known.when if known else time.time(),
+            peer_lost_marks=PEER_LOST,
+        )
+    return list(failures.values())
 
 
 def _failure(box: Path, size: int, exc: Exception) -> Exception:
     """The WorkerFailedError for a launch that ``horovod.run`` ended with
     ``exc``; ``exc`` itself when no rank failed (Horovod could not start)."""
-    raised = []
+    raised = {}
     for path in box.glob("*.error"):
         with contextlib.suppress(Exception):
-            text, when = pickle.loads(path.read_bytes())
-            raised.append(_Failed(int(path.stem), text, when))
-    found = _HOROVOD_FIRST.search(str(exc))
-    first_exit = (int(found.group(1)), int(found.group(2))) if found else None
-    causes = sorted((f for f in raised if not f.lost_a_peer), key=lambda f: f.when)
-    if causes:
-        first = causes[0]
-    elif first_exit is not None and first_exit[0] not in {f.rank for f in raised}:
-        first = _Failed(first_exit[0], None, 0.0)  # it left no traceback: killed, or exited
-    elif raised:
-        first = min(raised, key=lambda f: f.when)
-    elif first_exit is not None:
-        first = _Failed(first_exit[0], None, 0.0)
-    else:
+            data = json.loads(path.read_text())
+            rank = int(path.stem)
+            # An exception leaves fn and horovod's run_task: Python exits with 1.
+            raised[rank] = RankFailure(
+                rank, exitcode=1, traceback=data["traceback"], when=data["time"], peer_lost_marks=PEER_LOST
+            )
+    failures = _with_first_exit(raised, str(exc))
+    if not failures:
         return exc  # no rank ran: Horovod's own error (no start, bad hosts) says why
-    code = first_exit[1] if first_exit is not None and first_exit[0] == first.rank else None
-    if code is None and first.traceback:
-        code = 1
-    return _worker_failed(first, code, size)
+    return worker_failed("horovod", failures, size, stopped=_STOPPED)
 
 
-def _signal_of(code: int | None) -> str | None:
-    """A signal's name from an exit code: ``-9``, or ``137`` (128 + 9) as the
-    shell through which Horovod starts each rank reports a rank killed by
-    SIGKILL."""
-    if code is None or code == 0:
-        return None
-    number = -code if code < 0 else code - 128 if code > 128 else 0
-    try:
-        return signal.Signals(number).name if number else None
-    except ValueError:
-        return None
-
-
-def _worker_failed(
-    first: _Failed,
-    exitcode: int | None,
-    size: int,
-    where: str = "its own output above, prefixed with its rank",
-) -> WorkerFailedError:
-    sig = _signal_of(exitcode)
-    if sig is not None:
-        how = f"killed by {sig} (exit code {exitcode})"
-    elif exitcode is None:
-        how = "with an exit code Horovod did not report"
-    else:
-        how = f"with exit code {exitcode}"
-    lines = [
-        f"the launched job failed: rank {first.rank} of {size} (launcher 'horovod') failed first, {how}."
-    ]
-    if first.traceback:
-        tb = first.traceback.rstrip().splitlines()
-        cut = len(tb) > _EXCERPT_LINES
-        lines.append(
-            f"Its traceback{' (last lines; all of it is in .traceback)' if cut else ''}:\n"
-            + "\n".join(f"    {line}" for line in tb[-_EXCERPT_LINES:])
-        )
-        todo = f"Fix the error rank {first.rank} raised, shown above"
-    elif sig == "SIGKILL":
-        todo = (
-            "It had no chance to write a traceback: SIGKILL usually comes from the out-of-memory killer "
-            "or a scheduler; check the memory use and the system log (dmesg)"
-        )
-    else:
-        todo = (
-            "It left no Python traceback here (killed, a crash in native code, an exit without raising, "
-            f"or a program whose traceback is in its output); {where} may say why"
-        )
-    lines.append(f"Horovod stopped every other rank. {todo}.")
-    return WorkerFailedError(
-        "\n".join(lines), rank=first.rank, exitcode=exitcode, signal=sig, traceback=first.traceback
+def _tracebacks(report: Iterable[tuple[float, str]]) -> dict[int, tuple[str, float]]:
+    """Each rank's last traceback in its stderr as the tag marks it, and
+    when its last line was read."""
+    lines = (
+        (when, int(t.group(1)), t.group(2))
+        for when, line in report
+        if (t := _TAGGED.match(line.rstrip("\n")))
     )
-
-
-def _run_program(command: list[str]) -> None:
-    """``python *command`` in this process (a script, or ``-m module``)."""
-    import runpy
-
-    saved = sys.argv
-    try:
-        if command[:1] == ["-m"]:
-            if len(command) < 2:
-                raise MisconfigurationError("phalanx run -m: name the module to run")
-            sys.argv = [command[1], *command[2:]]
-            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-        else:
-            script = os.path.abspath(command[0])
-            if not os.path.exists(script):
-                raise MisconfigurationError(f"phalanx run: no script at {command[0]!r}")
-            sys.argv = list(command)
-            sys.path.insert(0, os.path.dirname(script))
-            runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.argv = saved
+    return last_tracebacks(lines)

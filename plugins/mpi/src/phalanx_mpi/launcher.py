@@ -4,23 +4,27 @@ plain ``python`` process, running ``fn`` in each.
 The rank protocol: what ``spawn`` sends a new process (``sys.path``, the
 working directory, the main script to import as ``__mp_main__``), then
 ``fn``, its arguments and keyword arguments, are pickled to a temporary
-folder; ``mpirun -np N python -m phalanx_mpi._rank FOLDER``
-starts the ranks; each sets ``RANK`` / ``LOCAL_RANK`` from OpenMPI's
-``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_LOCAL_RANK``, runs ``fn`` and
-leaves its pickled result (or its traceback) in the folder. torch groups
-the strategy makes (DDP's) meet at a ``TCPStore`` this process hosts on a
-port the kernel gives, as the ``spawn`` launcher does.
+folder; ``mpirun -np N python -m phalanx_mpi._rank FOLDER ADDRESS PORT``
+starts the ranks; each sets torch's rank variables from OpenMPI's
+(``OMPI_COMM_WORLD_RANK``, ...), runs ``fn`` and leaves its pickled result
+(or its traceback) in the folder. torch groups the strategy makes (DDP's)
+meet at a ``TCPStore`` this process hosts at ``ADDRESS:PORT`` (127.0.0.1
+only, on a port the kernel gives), as the ``spawn`` launcher does, and
+gloo's own connections are kept on the loopback interface too.
 
 The failure contract: a rank that raises writes its traceback and exits
 with 1; OpenMPI then stops every other rank (its default on a non-zero
-exit) and ``mpirun`` exits non-zero; a rank killed by a signal is named by
-``mpirun``'s own report. ``launch`` raises :class:`~phalanx_core.WorkerFailedError`
-for the rank that failed first. ``mpirun`` runs in its own session, and is
-killed with everything under it if this process is interrupted.
+exit) and ``mpirun`` exits non-zero; a rank killed by a signal, or that
+exited non-zero first, is named by ``mpirun``'s own report. ``launch``
+raises :class:`~phalanx_core.WorkerFailedError` built by
+:func:`phalanx_core.launching.worker_failed`: every failure seen, the root
+cause by the launchers' one rule. ``mpirun`` runs in its own session, and is
+stopped with everything under it if this process is interrupted.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import multiprocessing.spawn
@@ -28,16 +32,25 @@ import os
 import pickle
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from phalanx_core import Launcher, MisconfigurationError, UnavailableError, WorkerFailedError
+from phalanx_core.launching import (
+    LOOPBACK,
+    RankFailure,
+    hosted_store,
+    last_tracebacks,
+    listen_variables,
+    stop_processes,
+    worker_failed,
+)
 
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
@@ -46,16 +59,19 @@ __all__ = ["MPIRunLauncher"]
 
 T = TypeVar("T")
 
-#: Seconds mpirun gets to stop its ranks after SIGTERM before SIGKILL.
-STOP_GRACE = 5.0
-#: The last traceback lines of errors a peer's failure causes: never the cause.
-_PEER_LOST = (
-    "CollectiveTimeoutError",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "DistNetworkError",
-)
+#: mpirun's report of a rank a signal killed.
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+#: A rank's stderr line under ``mpirun --tag-output``: ``[1,0]<stderr>:text``
+#: (the job, then the rank).
+_TAGGED = re.compile(r"^\[\d+,(\d+)\]<stderr>:(.*)$")
+#: mpirun's report of the first rank that exited non-zero: ``Process name:
+#: [[37893,1],1]`` (the job, then the rank), and on the next line ``Exit code: 1``.
+_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+#: The last lines of mpirun's stderr kept to find the failures in.
+_KEPT_LINES = 5000
+#: What happens to the other ranks when one fails, for the error's message.
+_STOPPED = "Every other rank was stopped (by mpirun)"
 
 
 class MPIRunLauncher(Launcher):
@@ -132,10 +148,9 @@ class MPIRunLauncher(Launcher):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if self.runs_in_place():  # a rank mpirun started: run here
             return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
-        import torch.distributed as dist
-
-        # The rendezvous of torch groups the strategy makes, for the whole launch.
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+        # The rendezvous of torch groups the strategy makes, for the whole
+        # launch, on loopback only: every rank runs on this machine.
+        store = hosted_store(LOOPBACK, wait_for_workers=False)
         with tempfile.TemporaryDirectory(prefix="phalanx-mpirun-") as tmp:
             folder = Path(tmp)
             # What spawn sends first: sys.path, the working directory and the
@@ -152,17 +167,8 @@ class MPIRunLauncher(Launcher):
                     f"{getattr(fn, '__qualname__', fn)!r} or an argument cannot be pickled "
                     f"({type(exc).__name__}: {exc}). Define fn at the top level of an importable module"
                 ) from exc
-            variables = {
-                "WORLD_SIZE": str(self.num_processes),
-                "LOCAL_WORLD_SIZE": str(self.num_processes),
-                "NODE_RANK": "0",
-                "GROUP_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(store.port),
-                "TORCHELASTIC_USE_AGENT_STORE": "True",
-            }
-            program = [sys.executable, "-m", "phalanx_mpi._rank", str(folder)]
-            code, report = _run(self._command(program), {**os.environ, **variables})
+            program = [sys.executable, "-m", "phalanx_mpi._rank", str(folder), LOOPBACK, str(store.port)]
+            code, report = _run(self._command(program), _one_node_environment())
             if code == 0:
                 return [pickle.loads((folder / f"{r}.pkl").read_bytes()) for r in range(self.num_processes)]
             raise _failure(folder, code, report, self.num_processes)
@@ -170,21 +176,44 @@ class MPIRunLauncher(Launcher):
     def run_script(self, command: Sequence[str]) -> None:
         """``mpirun -np N python *command``, each line tagged by OpenMPI
         with the rank (``[1,0]<stdout>:``)."""
-        code, report = _run(self._command([sys.executable, *command], tag_output=True), dict(os.environ))
+        command = self._command([sys.executable, *command], tag_output=True)
+        code, report = _run(command, _one_node_environment())
         if code != 0:
             raise _failure(None, code, report, self.num_processes)
 
 
-def _run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+def _one_node_environment() -> dict[str, str]:
+    """The environment of mpirun and its ranks, all on this machine: this
+    one, with nothing of the job listening beyond loopback, except where
+    you chose otherwise.
+
+    - torch's gloo on the loopback interface (``GLOO_SOCKET_IFNAME``; left
+      alone, gloo listens on the address of this host's name), unless it is
+      set.
+    - OpenMPI's transports kept to shared memory (``OMPI_MCA_btl=self,vader``;
+      ranks on one machine talk through it anyway): its TCP transport binds
+      its listening sockets to every interface whatever
+      ``btl_tcp_if_include`` says, and libfabric's (``btl ofi``) listens on
+      the host's address. Not where ``OMPI_MCA_btl`` is set (or
+      ``mpirun_args`` name ``--mca btl``, which wins over this).
+    """
+    env = {**os.environ, **listen_variables(LOOPBACK)}
+    env.setdefault("OMPI_MCA_btl", "self,vader")
+    return env
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, Sequence[tuple[float, str]]]:
     """Run mpirun in its own session, passing its output through; return its
-    exit code and its stderr (for its report of a signalled rank)."""
+    exit code and the last lines of its stderr, each with when it was read
+    (for its report of a failed rank, and a rank's traceback under
+    --tag-output)."""
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lines: list[str] = []
+    lines: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
 
     def relay() -> None:
         assert process.stderr is not None
         for line in process.stderr:
-            lines.append(line)
+            lines.append((time.time(), line))
             sys.stderr.write(line)
         sys.stderr.flush()
 
@@ -193,67 +222,70 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
     try:
         code = process.wait()
     except BaseException:  # interrupted (Ctrl-C) or killed: take the job down with this process
-        _stop(process)
+        stop_processes([process])
         raise
     finally:
         reader.join(timeout=10)
-    return code, "".join(lines)
+    return code, lines
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def _ends(report: Iterable[tuple[float, str]]) -> dict[int, tuple[int, float]]:
+    """The ranks mpirun says failed, each with its exit code (negative: the
+    signal that killed it) and when mpirun said so."""
+    ended: dict[int, tuple[int, float]] = {}
+    named: tuple[int, float] | None = None
+    for when, line in report:
+        if found := _SIGNALLED.search(line):
+            ended.setdefault(int(found.group(1)), (-int(found.group(2)), when))
+        elif found := _PROCESS.search(line):
+            named = (int(found.group(1)), when)
+        elif named is not None and (found := _EXIT_CODE.search(line)):
+            ended.setdefault(named[0], (int(found.group(1)), named[1]))
+            named = None
+    return ended
 
 
-def _failure(folder: Path | None, code: int, report: str, size: int) -> WorkerFailedError:
-    """WorkerFailedError for the rank that failed first: a rank that raised
-    (not because a peer was lost), earliest first; else the rank mpirun
-    says a signal killed."""
-    raised = []
+def _tracebacks(report: Iterable[tuple[float, str]]) -> dict[int, tuple[str, float]]:
+    """Each rank's last traceback in its stderr as the tag marks it, and
+    when its last line was read."""
+    lines = (
+        (when, int(t.group(1)), t.group(2))
+        for when, line in report
+        if (t := _TAGGED.match(line.rstrip("\n")))
+    )
+    return last_tracebacks(lines)
+
+
+def _failure(
+    folder: Path | None, code: int, report: Sequence[tuple[float, str]], size: int
+) -> WorkerFailedError:
+    """The WorkerFailedError of a job that mpirun ended with ``code``: a
+    record for every rank known to have failed (one that left its traceback
+    in ``folder``, or in its tagged output; one that mpirun saw killed by a
+    signal or exit non-zero), the root cause chosen by the launchers' one
+    rule (:func:`phalanx_core.launching.root_cause`)."""
+    ended = _ends(report)
+    raised = _tracebacks(report)  # a script's ranks (run_script): seen in their output, exit code unknown
     for path in sorted(folder.glob("*.err")) if folder is not None else []:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, KeyError):
             data = json.loads(path.read_text())
-            last = data["traceback"].strip().splitlines()[-1:]
-            lost = bool(last) and any(mark in last[0] for mark in _PEER_LOST)
-            raised.append((lost, float(data["time"]), int(path.stem), data["traceback"]))
-    signalled = _SIGNALLED.search(report)
-    stopped = "Every other rank was stopped (by mpirun)."
-    if raised and not (signalled and all(lost for lost, *_ in raised)):
-        _, _, rank, text = min(raised)
-        return WorkerFailedError(
-            f"the launched job failed: rank {rank} of {size} (launcher 'mpirun') raised first.\n"
-            f"Its traceback:\n{_indent(text)}\n{stopped} Fix the error rank {rank} raised, shown above.",
-            rank=rank,
-            exitcode=1,
-            traceback=text,
-        )
-    if signalled:
-        rank, number = int(signalled.group(1)), int(signalled.group(2))
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        return WorkerFailedError(
-            f"the launched job failed: rank {rank} of {size} (launcher 'mpirun') was killed by {name} "
-            f"first. {stopped} It left no traceback: see its output above (a SIGKILL is often the "
-            "out-of-memory killer)",
-            rank=rank,
-            exitcode=-number,
-            signal=name,
-        )
+            raised[int(path.stem)] = (str(data["traceback"]), float(data["time"]))
+            ended.setdefault(int(path.stem), (1, 0.0))  # phalanx_mpi._rank exits with 1 once it wrote it
+    failures = []
+    for rank in sorted(raised.keys() | ended.keys()):
+        if rank in raised:
+            text, when = raised[rank]
+            exitcode = ended[rank][0] if rank in ended else None
+            failures.append(RankFailure(rank, exitcode=exitcode, traceback=text, when=when))
+        else:
+            exitcode, when = ended[rank]
+            failures.append(RankFailure(rank, exitcode=exitcode, when=when))
+    if failures:
+        return worker_failed("mpirun", failures, size, stopped=_STOPPED)
     return WorkerFailedError(
-        f"the launched job failed: mpirun exited with code {code} and no rank left a traceback; its "
-        "output above says why (mpirun's own error, or a rank that exited without raising)",
+        f"the launched job failed: mpirun exited with code {code}, and which rank failed is unknown: no "
+        "rank left a traceback and mpirun named none (so WorkerFailedError.rank is -1). Its output above "
+        "says why: mpirun's own error, or a rank that ended without a word",
         rank=-1,
         exitcode=code,
     )
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.rstrip().splitlines())

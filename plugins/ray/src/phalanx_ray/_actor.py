@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import runpy
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from phalanx_core.launching import exit_code_of, failure_text, hosted_store, run_program
 
 #: Lines Ray writes into a worker's stdout to name the task it runs, for its
 #: own log prefixes; not the rank's output.
@@ -98,15 +98,6 @@ def _flush() -> None:
             stream.flush()
 
 
-def _listening_socket(address: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address, 0))
-    sock.listen(128)
-    return sock
-
-
 class Rank:
     """One rank: a Ray actor that runs the function (or the script) each
     launch sends, in its main thread, with its output captured."""
@@ -146,15 +137,8 @@ class Rank:
         ``address`` only, on a port the kernel gives: no port is chosen by
         binding and closing a socket. The ranks join it as clients
         (``TORCHELASTIC_USE_AGENT_STORE``). Kept while this actor lives."""
-        import torch.distributed as dist
-
-        sock = _listening_socket(address)
-        port = int(sock.getsockname()[1])
-        # The store owns the socket from here on.
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach()
-        )
-        return port
+        self._store = hosted_store(address, wait_for_workers=False)
+        return int(self._store.port)
 
     def _sink(self, stream: str, lines: list[str]) -> None:
         import ray
@@ -163,13 +147,14 @@ class Rank:
 
     def run(self, payload: tuple[Callable[..., Any], Sequence[Any], dict[str, Any]]) -> tuple[Any, ...]:
         """``fn(*args, **kwargs)``: ``("result", value)``, or ``("error",
-        traceback, when)`` where it raised (the launcher reports it, once)."""
+        traceback, when, None)`` where it raised (the launcher reports it,
+        once)."""
         fn, args, kwargs = payload
         capture = _Capture(self._sink)
         try:
             return ("result", fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the launcher
-            return ("error", _traceback(exc), time.time(), None)
+            return ("error", failure_text(exc, skip_frames=1), time.time(), None)
         finally:
             capture.close()
 
@@ -181,18 +166,13 @@ class Rank:
         try:
             if cwd is not None:
                 os.chdir(cwd)
-            _run_program(list(command))
+            run_program(list(command))
             return ("result", None)
         except SystemExit as exc:
-            code = exc.code
-            if code is None or code == 0:
-                return ("result", None)
-            if not isinstance(code, int):
-                sys.stderr.write(f"{code}\n")
-                code = 1
-            return ("error", None, time.time(), code)
+            code = exit_code_of(exc.code)  # a message goes to stderr, and gives 1
+            return ("result", None) if code == 0 else ("error", None, time.time(), code)
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the launcher
-            text = _traceback(exc)
+            text = failure_text(exc, skip_frames=1)
             sys.stderr.write(text)
             return ("error", text, time.time(), 1)
         finally:
@@ -203,22 +183,3 @@ class Rank:
         from phalanx_core import teardown_kept_ranks
 
         teardown_kept_ranks()
-
-
-def _traceback(exc: BaseException) -> str:
-    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from fn's frame on
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _run_program(command: list[str]) -> None:
-    """``python *command`` here (a script, or ``-m module``), as
-    ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as Python sets them."""
-    if command[:1] == ["-m"]:
-        sys.argv = [command[1], *command[2:]]
-        sys.path.insert(0, os.getcwd())
-        runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-    else:
-        script = os.path.abspath(command[0])
-        sys.argv = [command[0], *command[1:]]
-        sys.path.insert(0, os.path.dirname(script))
-        runpy.run_path(script, run_name="__main__")

@@ -18,7 +18,10 @@ environment and torch's ``env://`` rendezvous read (``RANK``,
 process's ``PHALANX_*`` variables (``phalanx run``'s flags). Rank 0's actor
 hosts the rendezvous ``TCPStore`` on a port the kernel gives, on
 ``127.0.0.1`` for one node and on its node's address for several; the
-ranks join it as clients (``TORCHELASTIC_USE_AGENT_STORE``). Under
+ranks join it as clients (``TORCHELASTIC_USE_AGENT_STORE``). For one node,
+gloo listens on the loopback interface too (``GLOO_SOCKET_IFNAME``, unless
+it is set), and a local Ray instance the launcher starts has its node
+address at ``127.0.0.1``, where Ray's own servers then listen. Under
 ``cuda``, the actors of a node see every GPU the node's ranks were given
 (``CUDA_VISIBLE_DEVICES``), local rank *i* the *i*-th, as torchrun's do.
 
@@ -29,11 +32,12 @@ each line prefixed ``[rankN]:``, before ``launch`` returns.
 **The failure contract.** The first rank that raises, or whose actor dies,
 ends the job: every actor is killed at once (``ray.kill``, which does not
 wait on a method still running), the placement group removed, and
-:class:`~phalanx_core.WorkerFailedError` names the rank, its node and its
-host, with its traceback. A dead actor's exit code cannot be seen from
-here (its raylet reaps it), so ``exitcode`` and ``signal`` are ``None``
-then. Ctrl-C in the launching process does the same, then raises
-``KeyboardInterrupt``.
+:func:`phalanx_core.launching.worker_failed` names the rank that failed
+first (:func:`~phalanx_core.launching.root_cause`), its node and its host,
+with its traceback, keeping every failure seen in ``.failures``. A dead
+actor's exit code cannot be seen from here (its raylet reaps it), so
+``exitcode`` and ``signal`` are ``None`` then. Ctrl-C in the launching
+process does the same, then raises ``KeyboardInterrupt``.
 
 **Warm ranks.** With ``keep_alive=True`` the actors, their process group
 and the strategy each rank set up stay between launches of the same
@@ -52,11 +56,12 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from phalanx_core import Launcher, MisconfigurationError, UnavailableError, WorkerFailedError
+from phalanx_core import Launcher, MisconfigurationError, UnavailableError
+from phalanx_core.launching import CAUSE_GRACE, LOOPBACK, RankFailure, rank_variables, worker_failed
+from phalanx_core.network import interface_of
 
 from .environment import JOB_VAR, NODES_VAR, in_rank
 
@@ -67,22 +72,16 @@ __all__ = ["RayLauncher"]
 
 T = TypeVar("T")
 
-#: Seconds to wait for the failure that caused the ones seen first, when
-#: those only say that a peer was lost.
-CAUSE_GRACE = 2.0
 #: Seconds a warm rank has to tear its strategy down before it is killed.
 CLOSE_GRACE = 5.0
-#: The last traceback lines of errors that a peer's failure causes.
-_PEER_LOST = (
-    "CollectiveTimeoutError",
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "failed to pass monitoredBarrier",
-    "DistNetworkError",
-)
-#: Variables of other launchers' ranks, never carried into Ray's.
-_NOT_CARRIED = ("PHALANX_RERUN_BY", "PHALANX_RESULTS_DIR", "PHALANX_LAUNCH_INDEX", "PHALANX_LAUNCHER_PID")
-_LOOPBACK = "127.0.0.1"
+#: The rank protocol of phalanx-torch's launchers (variables they set in
+#: their own ranks, private to phalanx_torch), never carried into Ray's: a
+#: Ray launch made from such a rank would otherwise make every actor act as
+#: that launcher's rank (a script naming ``spawn`` run in place, ``fn``'s
+#: value written into that launcher's results folder, the launch number
+#: refused). To be replaced by a public name in phalanx_core.launching.
+_NOT_CARRIED = ("PHALANX_RERUN_BY", "PHALANX_RESULTS_DIR", "PHALANX_LAUNCH_INDEX")
+_GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
 _TAG = "launcher 'ray'"
 
 
@@ -171,7 +170,10 @@ class RayLauncher(Launcher):
     @classmethod
     def listens(cls, num_nodes: int) -> str | None:
         if num_nodes == 1:
-            return "127.0.0.1 only: rank 0's actor hosts the rendezvous store, and every rank's gloo"
+            return (
+                "127.0.0.1 only: rank 0's actor hosts the rendezvous store, and every rank's gloo (and "
+                "Ray's own servers, in a local Ray instance the launcher starts)"
+            )
         return (
             "rank 0's actor hosts the rendezvous store on its node's address; every rank's gloo "
             "listens on the interface that reaches it"
@@ -227,28 +229,6 @@ class RayLauncher(Launcher):
 # -- one job: its cluster, placement group and actors -----------------------------------
 
 
-@dataclass(frozen=True)
-class _Failure:
-    rank: int
-    when: float
-    traceback: str | None = None
-    exitcode: int | None = None
-    #: Ray's words for an actor that died (no traceback, no exit code).
-    died: str | None = None
-
-    @property
-    def lost_a_peer(self) -> bool:
-        last = (self.traceback or "").strip().splitlines()[-1:]
-        return bool(last) and any(mark in last[0] for mark in _PEER_LOST)
-
-    def order(self) -> tuple[int, float, int]:
-        """A dead actor is a cause; a rank that raised may have raised
-        because a peer was lost, and then comes after one that raised
-        anything else."""
-        kind = 0 if self.died else (2 if self.lost_a_peer else 1)
-        return kind, self.when, self.rank
-
-
 class _Cluster:
     """The Ray instance of one job: one this process had joined already,
     one at ``address``, or a local one started for the job. An instance
@@ -298,12 +278,13 @@ class _Cluster:
         else:
             # The job's own instance: as many CPUs as its ranks reserve, as
             # spawn starts as many ranks as asked on any machine.
-            ray.init(
-                address="local",
-                num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)),
-                include_dashboard=False,
-                **options,
-            )
+            with _on_loopback():
+                ray.init(
+                    address="local",
+                    num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)),
+                    include_dashboard=False,
+                    **options,
+                )
         #: Whether this job's instance is a local one a launcher started.
         self.started = _Cluster._local = address is None
         _Cluster._ours = True
@@ -436,19 +417,17 @@ class _Job:
 
     def _rendezvous(self) -> None:
         launcher = self.launcher
-        main = _LOOPBACK if launcher.num_nodes == 1 else self.nodes[0]["address"]
+        main = LOOPBACK if launcher.num_nodes == 1 else self.nodes[0]["address"]
         port = self._get([self.actors[0].host_store.remote(main)], "host the rendezvous store")[0]
         carried = {k: v for k, v in os.environ.items() if k.startswith("PHALANX_") and k not in _NOT_CARRIED}
-        common = {
-            **carried,
-            "WORLD_SIZE": str(self.size),
-            "LOCAL_WORLD_SIZE": str(launcher.num_processes),
-            "MASTER_ADDR": main,
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            JOB_VAR: self.id,
-            NODES_VAR: str(launcher.num_nodes),
-        }
+        common = {**carried, JOB_VAR: self.id, NODES_VAR: str(launcher.num_nodes)}
+        if launcher.num_nodes == 1 and not os.environ.get(_GLOO_INTERFACE_VAR):
+            # Every rank on one node: gloo on loopback, as the store, unless
+            # the user chose its interface (here; a local instance's actors
+            # inherit this process's variables).
+            loopback = interface_of(LOOPBACK)
+            if loopback is not None:
+                common[_GLOO_INTERFACE_VAR] = loopback
         gpus: dict[int, list[str]] = {}
         for info in self.nodes:
             gpus.setdefault(info["node"], []).extend(info["gpus"])
@@ -457,10 +436,16 @@ class _Job:
             node = info["node"]
             variables = {
                 **common,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank - node * launcher.num_processes),
-                "NODE_RANK": str(node),
-                "GROUP_RANK": str(node),
+                **rank_variables(
+                    rank=rank,
+                    world_size=self.size,
+                    local_rank=rank - node * launcher.num_processes,
+                    local_world_size=launcher.num_processes,
+                    node_rank=node,
+                    main_address=main,
+                    main_port=port,
+                    agent_store=True,
+                ),
             }
             if gpus[node]:
                 variables["CUDA_VISIBLE_DEVICES"] = ",".join(sorted(gpus[node], key=_gpu_key))
@@ -527,14 +512,14 @@ class _Job:
 
         pending = {getattr(actor, method).remote(*call): rank for rank, actor in enumerate(self.actors)}
         results: dict[int, Any] = {}
-        failures: list[_Failure] = []
+        failures: list[RankFailure] = []
         settle: float | None = None
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.1)
             self.print_output()
             for ref in ready:
                 rank = pending.pop(ref)
-                failure = _outcome(ray, ref, rank, results)
+                failure = self._outcome(ray, ref, rank, results)
                 if failure is not None:
                     failures.append(failure)
             if failures:
@@ -548,8 +533,7 @@ class _Job:
                     break
         if failures:
             self.kill()
-            first = min(failures, key=_Failure.order)
-            raise self._worker_failed(first)
+            raise worker_failed("ray", failures, self.size, stopped="Every other rank's actor was killed")
         self.print_output()
         return [results[rank] for rank in range(self.size)]
 
@@ -564,39 +548,30 @@ class _Job:
                 out.write("".join(f"[rank{rank}]: {line}\n" for line in lines))
                 out.flush()
 
-    def _worker_failed(self, first: _Failure) -> WorkerFailedError:
-        info = self.nodes[first.rank]
-        where = f"node {info['node']} (host {info['hostname']}, {info['address']})"
-        who = f"rank {first.rank} of {self.size} on {where} ({_TAG})"
-        if first.died is not None:
-            lines = [
-                f"the launched job failed: {who} failed first: its actor died without a Python "
-                f"traceback. Ray says: {_first_lines(first.died)}",
-                "Every other rank's actor was killed. It was killed (SIGKILL from the out-of-memory "
-                "killer, `ray.kill`, `ray stop`) or crashed in native code; its exit code cannot be "
-                f"seen from here. Check the memory use on {info['address']}, and its log: "
-                f"/tmp/ray/session_latest/logs/worker-*-{info['pid']}.err on that node.",
-            ]
-        elif first.traceback:
-            excerpt = "\n".join("    " + line for line in first.traceback.rstrip().splitlines()[-30:])
-            lines = [
-                f"the launched job failed: {who} failed first, raising.",
-                f"Its traceback:\n{excerpt}",
-                f"Every other rank's actor was killed. Fix the error rank {first.rank} raised, shown above.",
-            ]
-        else:
-            lines = [
-                f"the launched job failed: {who} failed first: it exited with code {first.exitcode}.",
-                "Every other rank's actor was killed; its own output above may say why.",
-            ]
-        return WorkerFailedError(
-            "\n".join(lines),
-            rank=first.rank,
-            exitcode=first.exitcode if first.died is None else None,
-            traceback=first.traceback,
-            node=info["node"],
-            host=info["hostname"],
-        )
+    def _outcome(self, ray: Any, ref: Any, rank: int, results: dict[int, Any]) -> RankFailure | None:
+        """The result of ``rank``'s call, into ``results``; or its failure,
+        with where it ran."""
+        info = self.nodes[rank]
+        node, host = info["node"], info["hostname"]
+        try:
+            message = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            says = _first_lines(str(exc)).rstrip(".")
+            died = (
+                f"Ray says: {says}. It was killed (SIGKILL from the out-of-memory killer, `ray.kill`, "
+                "`ray stop`) or crashed in native code. Check the memory use on that node "
+                f"({info['address']}), and its log: /tmp/ray/session_latest/logs/worker-*-{info['pid']}.err "
+                "on that node"
+            )
+            return RankFailure(rank, when=time.time(), node=node, host=host, died=died)
+        except ray.exceptions.RayError as exc:  # its result could not come back (unpicklable)
+            text = f"its result could not be carried back: {_first_lines(str(exc))}\n"
+            return RankFailure(rank, when=time.time(), node=node, host=host, traceback=text)
+        if message[0] == "result":
+            results[rank] = message[1]
+            return None
+        _, text, when, code = message
+        return RankFailure(rank, exitcode=code, traceback=text, when=when, node=node, host=host)
 
     # -- ending --------------------------------------------------------------------------
 
@@ -631,22 +606,6 @@ class _Job:
         self.cluster.close()
 
 
-def _outcome(ray: Any, ref: Any, rank: int, results: dict[int, Any]) -> _Failure | None:
-    try:
-        message = ray.get(ref)
-    except ray.exceptions.RayActorError as exc:
-        return _Failure(rank, time.time(), died=str(exc))
-    except ray.exceptions.RayError as exc:  # its result could not come back (unpicklable)
-        return _Failure(
-            rank, time.time(), traceback=f"its result could not be carried back: {_first_lines(str(exc))}\n"
-        )
-    if message[0] == "result":
-        results[rank] = message[1]
-        return None
-    _, text, when, code = message
-    return _Failure(rank, when, traceback=text, exitcode=code)
-
-
 def _resources(bundle: dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in sorted(bundle.items())) or "nothing"
 
@@ -658,6 +617,30 @@ def _describe_node(node: dict[str, Any]) -> str:
 
 def _gpu_key(gpu: str) -> tuple[int, str]:
     return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
+
+
+@contextlib.contextmanager
+def _on_loopback() -> Iterator[None]:
+    """While a local Ray instance starts: its node address ``127.0.0.1``,
+    where Ray then puts its servers (GCS, raylet, every worker's and the
+    driver's gRPC server, its agents), so that nothing of it can be reached
+    from another machine. On Linux Ray gives a local instance the address
+    of the route out instead (for nodes that may join it later), and turns
+    a ``127.0.0.1`` given to it (``_node_ip_address``) into that address;
+    it keeps ``127.0.0.1`` where clusters are off, as on macOS and Windows
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read once, when ray is
+    imported: so the flag it was read into is set here, and put back)."""
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # another Ray: its own choice
+        yield
+        return
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _first_lines(text: str, count: int = 6) -> str:

@@ -27,19 +27,26 @@ from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
-from ._listen import LOOPBACK, gloo_variables, hosted_store, listen_address, one_thread
+from phalanx_core.launching import (
+    LOOPBACK,
+    STOP_GRACE,
+    RankFailure,
+    hosted_store,
+    listen_variables,
+    root_cause,
+    warn_died_after_delivery,
+    worker_failed,
+)
+
+from ._listen import listen_address, one_thread
 from ._ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
     _LAUNCHES,
     RESULTS_DIR_VAR,
-    STOP_GRACE,
     T,
     _check_count,
-    _Failure,
     _run_here,
-    _warn_died_after_delivery,
-    _worker_failed,
 )
 
 __all__ = ["SubprocessLauncher"]
@@ -179,9 +186,7 @@ class SubprocessLauncher(Launcher):
                 if exc.signal is None or not self._all_delivered(results):
                     raise
                 # Killed while exiting, after every rank had handed back its result.
-                _warn_died_after_delivery(
-                    "subprocess", _Failure(exc.rank, exc.exitcode, None, 0.0), self.world_size
-                )
+                warn_died_after_delivery("subprocess", RankFailure(exc.rank, exc.exitcode), self.world_size)
             return self._results(results, index)
 
     def _all_delivered(self, folder: Path) -> bool:
@@ -214,7 +219,7 @@ class SubprocessLauncher(Launcher):
             # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
             newer["shutdown_timeout"] = STOP_GRACE
         rendezvous = self._rendezvous()
-        gloo = gloo_variables(rendezvous.pop("listen"))
+        gloo = listen_variables(rendezvous.pop("listen"))
         variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
         config = LaunchConfig(
             min_nodes=self.num_nodes,
@@ -239,21 +244,25 @@ class SubprocessLauncher(Launcher):
             try:
                 elastic_launch(config, sys.executable)(*command)
             except ChildFailedError as exc:
-                local = _first_failure(exc, self.node_rank if self.num_nodes > 1 else None)
+                failures = _failures(exc, self.node_rank if self.num_nodes > 1 else None)
+                local = root_cause(failures)
                 try:
                     first = watch.settle(local)
                 except SignalException:  # the watch's signal, sent as this node's ranks failed too
-                    candidates = [local] + ([watch.remote] if watch.remote is not None else [])
-                    first = min(candidates, key=_Failure.order)
+                    first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
                 if first is not local and prefix_lines:
                     _print_elsewhere(first)
-                raise _worker_failed("subprocess", first, self.world_size, _stopped(self.num_nodes)) from exc
+                stopped = _stopped(self.num_nodes)
+                raise worker_failed(
+                    "subprocess", [first, *failures], self.world_size, stopped=stopped
+                ) from exc
             except SignalException as exc:
                 if watch.remote is not None:  # another node's rank failed; the agent stopped ours
                     if prefix_lines:
                         _print_elsewhere(watch.remote)
-                    raise _worker_failed(
-                        "subprocess", watch.remote, self.world_size, _stopped(self.num_nodes)
+                    stopped = _stopped(self.num_nodes)
+                    raise worker_failed(
+                        "subprocess", [watch.remote], self.world_size, stopped=stopped
                     ) from None
                 # The agent has stopped every rank. SIGINT ends this process
                 # as Ctrl-C does; any other signal as its default action
@@ -513,10 +522,11 @@ def _signal_handlers_kept() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def _first_failure(exc: Any, node_rank: int | None) -> _Failure:
-    """The rank of elastic's ChildFailedError that failed first (elastic
-    orders by whole seconds; the error file's time of writing, where there
-    is one, is finer). ``node_rank``: this node's, in a job of several."""
+def _failures(exc: Any, node_rank: int | None) -> list[RankFailure]:
+    """Every failed rank of elastic's ChildFailedError, each at the time its
+    error file was written where there is one (elastic orders by whole
+    seconds, which often names a rank that only lost its peer; the file's
+    time is finer). ``node_rank``: this node's, in a job of several."""
     failures = []
     host = socket.gethostname() if node_rank is not None else None
     for rank, failure in exc.failures.items():
@@ -530,16 +540,16 @@ def _first_failure(exc: Any, node_rank: int | None) -> _Failure:
         with contextlib.suppress(OSError):
             when = os.stat(failure.error_file).st_mtime
         failures.append(
-            _Failure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
+            RankFailure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
         )
-    return min(failures, key=_Failure.order)
+    return failures
 
 
 def _stopped(num_nodes: int) -> str:
     return "Every other rank was stopped" + (", on every node" if num_nodes > 1 else "")
 
 
-def _print_elsewhere(failure: _Failure) -> None:
+def _print_elsewhere(failure: RankFailure) -> None:
     """Another node's failure, in the lines its rank would have written
     here: its traceback, each line marked ``[rankN]:``."""
     text = failure.traceback or f"(no traceback; exit code {failure.exitcode})"
@@ -563,7 +573,7 @@ class _NodeWatch:
     run, a post stops them (SIGTERM to this process, which elastic's agent
     turns into stopping its ranks), and :attr:`remote` holds the failure
     the node reports. Which failure is the root cause is decided by
-    :meth:`_Failure.order` over every post: a rank that raised comes before
+    :func:`~phalanx_core.launching.root_cause` over every post: a rank that raised comes before
     a rank that lost its peer as a result. Node 0 hosts the store, so after
     a failure it waits (at most ``HOLD`` seconds) until every other node has
     said it is done reading the posts (``done/<node>``). One node: nothing
@@ -580,7 +590,7 @@ class _NodeWatch:
         self.node_rank = node_rank
         self.num_nodes = num_nodes
         self.timeout = timeout
-        self.remote: _Failure | None = None
+        self.remote: RankFailure | None = None
         self._store: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -622,12 +632,12 @@ class _NodeWatch:
                 self._store = dist.PrefixStore("phalanx/failed", store)  # type: ignore[attr-defined]
             return self._store
 
-    def _posts(self) -> list[_Failure]:
+    def _posts(self) -> list[RankFailure]:
         store = self._connect()
         found = []
         for node in range(self.num_nodes):
             if store.check([str(node)]):
-                found.append(_Failure(**json.loads(store.get(str(node)))))
+                found.append(RankFailure.from_dict(json.loads(store.get(str(node)))))
         return found
 
     def _watch(self) -> None:
@@ -642,14 +652,14 @@ class _NodeWatch:
                 if store.add("posts", 0):
                     posts = [p for p in self._posts() if p.node != self.node_rank]
                     if posts:
-                        self.remote = min(posts, key=_Failure.order)
+                        self.remote = root_cause(posts)
                         store.set(f"done/{self.node_rank}", "1")
                         self._interrupt()
                         return
         except (RuntimeError, ValueError, OSError):
             return  # node 0's store is gone: the job has ended, or node 0 with it
 
-    def settle(self, local: _Failure) -> _Failure:
+    def settle(self, local: RankFailure) -> RankFailure:
         """Post this node's first failure; return the job's root cause, this
         one or another node's."""
         if self.num_nodes == 1 or not self.endpoint:
@@ -662,15 +672,13 @@ class _NodeWatch:
         posts = known
         try:
             store = self._connect()
-            store.set(str(self.node_rank), json.dumps(dataclasses.asdict(local)))
+            store.set(str(self.node_rank), json.dumps(local.to_dict()))
             store.add("posts", 1)
             deadline = time.monotonic() + self.HOLD
             posts = self._posts() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:
             # wait a little for the post of the node whose rank is.
-            while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and min(
-                posts, key=_Failure.order
-            ) == local:
+            while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and root_cause(posts) == local:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(self.POLL)
@@ -683,5 +691,5 @@ class _NodeWatch:
                 store.set(f"done/{self.node_rank}", "1")
         except (RuntimeError, ValueError, OSError):
             pass  # node 0's store is gone: what was read before counts
-        first = min(posts, key=_Failure.order)
+        first = root_cause(posts)
         return local if first == local else first

@@ -1,6 +1,5 @@
 """Where a job's sockets listen: the rendezvous store a launcher hosts, and
-gloo's connections between the ranks. Imports no torch (:func:`hosted_store`
-imports it when called).
+gloo's connections between the ranks. Imports no torch.
 
 One node: ``127.0.0.1`` only; nothing of the job can be reached from
 another machine. Several nodes: the address this node sends from to reach
@@ -14,10 +13,11 @@ name.
 
 torch 2.13 has no option for the address a ``TCPStore`` server binds (it
 binds every interface); it does take a socket already listening
-(``master_listen_fd``), which :func:`listening_socket` makes. Gloo takes
+(``master_listen_fd``), which core's
+:func:`~phalanx_core.launching.hosted_store` gives it. Gloo takes
 its interface from ``GLOO_SOCKET_IFNAME``, read each time a gloo group is
 made (the default group, ``new_group``, ``monitored_barrier``'s helper);
-:func:`gloo_variables` gives it to the ranks, unless the user set it.
+core's :func:`~phalanx_core.launching.listen_variables` gives it to the ranks, unless the user set it.
 """
 
 from __future__ import annotations
@@ -25,24 +25,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Any
 
+from phalanx_core.launching import LOOPBACK
 from phalanx_core.network import interface_of, interfaces, is_loopback, route, route_source
 
 __all__ = [
     "LOOPBACK",
     "Network",
     "choose_network",
-    "gloo_variables",
-    "hosted_store",
     "interface_of",
     "listen_address",
-    "listening_socket",
     "route_source",
 ]
-
-LOOPBACK = "127.0.0.1"
-_GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
 
 
 def listen_address(main_address: str, main_port: int, num_nodes: int) -> str:
@@ -160,22 +154,6 @@ def main_host_network(seen_as: str, backend: str) -> Network | None:
     return Network(found, reason, variables)
 
 
-def listening_socket(address: str, port: int = 0) -> socket.socket:
-    """A TCP socket listening on ``address:port`` (port 0: one the kernel
-    gives), to hand to ``TCPStore(..., master_listen_fd=sock.detach())``:
-    the store then owns it, and closes it when it goes."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def one_thread(num_processes: int) -> dict[str, str]:
     """``OMP_NUM_THREADS=1`` for the ranks where several share this machine
     and the user set no thread count, as torchrun does: ranks that each
@@ -185,27 +163,3 @@ def one_thread(num_processes: int) -> dict[str, str]:
     if num_processes > 1 and "OMP_NUM_THREADS" not in os.environ:
         return {"OMP_NUM_THREADS": "1"}
     return {}
-
-
-def gloo_variables(address: str) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` for ranks whose gloo should listen on
-    ``address``'s interface; nothing when the user set it, or when the
-    interface cannot be told (gloo then uses the address of this host's name)."""
-    if os.environ.get(_GLOO_INTERFACE_VAR):
-        return {}
-    interface = interface_of(address)
-    return {_GLOO_INTERFACE_VAR: interface} if interface else {}
-
-
-def hosted_store(address: str, port: int = 0, **options: Any) -> Any:
-    """A ``TCPStore`` server listening on ``address:port`` only (port 0: one
-    the kernel gives; read it from ``store.port``), with the other
-    ``TCPStore`` options given. Imports torch."""
-    import torch.distributed as dist
-
-    sock = listening_socket(address, port)
-    bound = sock.getsockname()[1]
-    # The store owns the socket from here on, and closes it when it goes.
-    return dist.TCPStore(  # type: ignore[attr-defined]
-        address, bound, is_master=True, master_listen_fd=sock.detach(), **options
-    )

@@ -7,7 +7,7 @@ three differences that make a rank end the way it should:
   SIGKILL (``PR_SET_PDEATHSIG``, armed before the program starts);
 - Ctrl-C ends the rank quietly (exit code 130): the launching process says
   once that the job was interrupted, instead of one traceback per rank;
-- the rank ends with :func:`~phalanx_core._process.exit_process` once the
+- the rank ends with :func:`~phalanx_core.launching.exit_process` once the
   program is done: its threads joined, its ``atexit`` handlers run, its
   namespace cleared (unclosed files flushed) and its output flushed, then
   ``os._exit`` with the program's exit code. Python's finalization, in
@@ -26,15 +26,25 @@ import sys
 from types import TracebackType
 from typing import NoReturn
 
-from phalanx_core._process import exit_process
+from phalanx_core.launching import (
+    RANK_MACHINERY,
+    die_with_parent,
+    exit_code_of,
+    exit_process,
+    is_rank_machinery,
+    run_program,
+)
 
-from ._ranks import _LAUNCHER_PID_VAR, _die_with
+from ._ranks import _LAUNCHER_PID_VAR
+
+#: Its frames are left out of tracebacks and hang reports.
+globals()[RANK_MACHINERY] = True
 
 
 def main(argv: list[str]) -> NoReturn:
     launcher = os.environ.get(_LAUNCHER_PID_VAR, "")
     if launcher.isdigit() and int(launcher) == os.getppid():
-        _die_with(int(launcher))
+        die_with_parent(int(launcher))
     if sys.path and sys.path[0] in ("", os.getcwd()):
         # python -m put the working directory first; python SCRIPT would
         # not (the program's own folder goes there instead).
@@ -45,13 +55,11 @@ def main(argv: list[str]) -> NoReturn:
 
 def _run(command: list[str]) -> int:
     """Run the program; return its exit code as ``python`` would set it."""
-    from .launchers import _run_program
-
     namespace: dict[str, object] = {}
     try:
-        namespace = _run_program(command)
+        namespace = run_program(command)
     except SystemExit as exc:
-        return _exit_code(exc.code)
+        return exit_code_of(exc.code)
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # noqa: BLE001 - the program's error, shown as python shows it
@@ -68,24 +76,13 @@ def _run(command: list[str]) -> int:
     return 0
 
 
-def _exit_code(code: object) -> int:
-    """``SystemExit.code`` as the exit status python gives it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    with contextlib.suppress(BaseException):  # as python does with sys.exit("message")
-        sys.stderr.write(f"{code}\n")
-    return 1
-
-
 def _from_program(tb: TracebackType | None) -> TracebackType | None:
     """The traceback from the program's first frame on (this module's and
-    runpy's frames left out), as python would print it."""
+    runpy's and core's ``run_program``'s frames left out), as python would
+    print it."""
     start = tb
     while tb is not None:
-        name = tb.tb_frame.f_globals.get("__name__")
-        if name not in (__name__, "runpy", "phalanx_torch.launchers"):
+        if not is_rank_machinery(tb.tb_frame):
             return tb
         tb = tb.tb_next
     return start

@@ -31,15 +31,28 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from phalanx_core import Launcher, MisconfigurationError
-from phalanx_core._process import exit_process
+from phalanx_core.launching import (
+    CAUSE_GRACE,
+    LOOPBACK,
+    STOP_GRACE,
+    RankFailure,
+    die_with_parent,
+    dumps_result,
+    exit_process,
+    failure_text,
+    hosted_store,
+    listen_variables,
+    rank_variables,
+    run_program,
+    stop_processes,
+    warn_died_after_delivery,
+    worker_failed,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -48,22 +61,15 @@ if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
 from ._elastic import SubprocessLauncher, _variables
-from ._listen import LOOPBACK, gloo_variables, hosted_store, one_thread
+from ._listen import one_thread
 from ._ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
-    STOP_GRACE,
     T,
     _check_count,
-    _die_with,
-    _dumps_result,
-    _Failure,
     _refuse_unforkable,
     _run_here,
-    _signal_group,
     _start_methods,
-    _warn_died_after_delivery,
-    _worker_failed,
 )
 
 #: Set in the ranks a spawn or fork launcher's run_script started.
@@ -121,7 +127,7 @@ class InProcessLauncher(Launcher):
         leaves without."""
         import gc
 
-        _run_program(list(command)).clear()
+        run_program(list(command)).clear()
         gc.collect()
 
     @classmethod
@@ -224,22 +230,18 @@ class MultiprocessingLauncher(Launcher):
         # Kept alive until every rank has finished: the ranks' rendezvous,
         # on loopback only, as the ranks' gloo (see _listen).
         store = hosted_store(LOOPBACK, wait_for_workers=False)
-        common = {
-            "WORLD_SIZE": str(size),
-            "LOCAL_WORLD_SIZE": str(size),
-            "NODE_RANK": "0",
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": LOOPBACK,
-            "MASTER_PORT": str(store.port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            **gloo_variables(LOOPBACK),
-            **one_thread(size),
-        }
+        common = {**listen_variables(LOOPBACK), **one_thread(size)}
         procs: list[BaseProcess] = []
         conns: list[Connection] = []
         try:
             for rank in range(size):
-                env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+                env = {
+                    **rank_variables(
+                        rank=rank, world_size=size, local_rank=rank, local_world_size=size,
+                        main_address=LOOPBACK, main_port=store.port, agent_store=True,
+                    ),
+                    **common,
+                }  # fmt: skip
                 reader, writer = ctx.Pipe(duplex=False)
                 conns.append(reader)
                 proc = ctx.Process(
@@ -261,15 +263,15 @@ class MultiprocessingLauncher(Launcher):
                 procs.append(proc)
             results, failures, died_late = _collect(procs, conns)
             if failures:
-                _stop(procs, spare={f.rank for f in failures})
-                first = min(failures, key=_Failure.order)
-                first = dataclasses.replace(first, exitcode=procs[first.rank].exitcode)
-                raise _worker_failed(self.start_method, first, size)
+                stop_processes(procs, spare={f.rank for f in failures})
+                # Each failed rank's exit code, as it is once it has exited.
+                failures = [dataclasses.replace(f, exitcode=procs[f.rank].exitcode) for f in failures]
+                raise worker_failed(self.start_method, failures, size)
             for failure in died_late:
-                _warn_died_after_delivery(self.start_method, failure, size)
+                warn_died_after_delivery(self.start_method, failure, size)
             return [results[rank] for rank in range(size)]
         finally:
-            _stop(procs)
+            stop_processes(procs)
             for conn in conns:
                 conn.close()
             for proc in procs:
@@ -292,7 +294,7 @@ def _mp_rank(
     one intra-op thread (see below)."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # its own group: stopping it stops what it starts
-    _die_with(parent)
+    die_with_parent(parent)
     conn.send_bytes(_STARTED)  # past spawn's import of the main script
     os.environ.update(env)
     if start_method == "fork" or env.get("OMP_NUM_THREADS") == "1":
@@ -305,12 +307,11 @@ def _mp_rank(
 
         torch.set_num_threads(1)
     try:
-        payload = _dumps_result(("result", fn(*args, **kwargs)), env["RANK"])
+        payload = dumps_result(("result", fn(*args, **kwargs)), env["RANK"])
     except BaseException as exc:
         told = False
         with contextlib.suppress(Exception):
-            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from fn's frame on
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            text = failure_text(exc, skip_frames=1)  # from fn's frame on
             conn.send_bytes(pickle.dumps(("error", text, time.time())))
             told = True
         conn.close()
@@ -331,22 +332,18 @@ def _mp_rank(
 #: What a rank sends first: it runs (spawn has imported the main script).
 _STARTED = pickle.dumps(("started",))
 
-#: Seconds to wait for the failure that caused the ones seen first, when
-#: those only say that a peer was lost.
-CAUSE_GRACE = 2.0
-
 
 def _collect(
     procs: Sequence[BaseProcess], conns: Sequence[Connection]
-) -> tuple[dict[int, Any], list[_Failure], list[_Failure]]:
+) -> tuple[dict[int, Any], list[RankFailure], list[RankFailure]]:
     """Wait for every rank's result, or until ranks fail; return the results,
     the failures seen first (possibly several at once), and the ranks that
     returned their result and were then killed by a signal while exiting."""
     from multiprocessing.connection import wait
 
     results: dict[int, Any] = {}
-    failures: list[_Failure] = []
-    late: list[_Failure] = []
+    failures: list[RankFailure] = []
+    late: list[RankFailure] = []
     reported: set[int] = set()
     started: set[int] = set()
     open_conns = {conn: rank for rank, conn in enumerate(conns)}
@@ -368,7 +365,7 @@ def _collect(
         if message[0] == "result":
             results[rank] = message[1]
         else:
-            failures.append(_Failure(rank, None, message[1], message[2] or time.time()))
+            failures.append(RankFailure(rank, traceback=message[1], when=message[2] or time.time()))
 
     def take(ready: list[Any]) -> None:
         for conn in conns:
@@ -383,9 +380,9 @@ def _collect(
                 receive(rank, conns[rank])
             code = procs[rank].exitcode
             if rank not in reported:  # died without a word
-                failures.append(_Failure(rank, code, None, time.time(), started=rank in started))
+                failures.append(RankFailure(rank, code, when=time.time(), started=rank in started))
             elif code != 0 and rank in results:  # died after returning its result
-                late.append(_Failure(rank, code, None, time.time()))
+                late.append(RankFailure(rank, code, when=time.time()))
 
     while running and not failures:
         take(wait([*open_conns, *running]))
@@ -405,49 +402,4 @@ def _collect(
     )
 
 
-def _stop(procs: Sequence[BaseProcess], spare: set[int] | frozenset[int] = frozenset()) -> None:
-    """Stop every rank still running (SIGTERM to its group, SIGKILL after
-    :data:`STOP_GRACE` seconds) and whatever its group still holds. Ranks in
-    ``spare`` are exiting on their own: they get the grace but no SIGTERM."""
-    for rank, proc in enumerate(procs):
-        if rank not in spare and proc.is_alive():
-            _signal_group(proc.pid, signal.SIGTERM)  # type: ignore[arg-type]
-    deadline = time.monotonic() + STOP_GRACE
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            _signal_group(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        proc.join(STOP_GRACE)  # bounded: a process stuck in the kernel cannot even be killed
-        # What the rank started and left in its group (a worker of its own).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
-
-
 # -- subprocess (script mode, torch elastic) ---------------------------------------------------
-
-
-def _run_program(command: list[str]) -> dict[str, Any]:
-    """``python *command`` in this process (a script, or ``-m module``);
-    return the program's globals."""
-    import runpy
-
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    try:
-        if command[:1] == ["-m"]:
-            if len(command) < 2:
-                raise MisconfigurationError("phalanx run -m: name the module to run")
-            sys.argv = [command[1], *command[2:]]
-            sys.path.insert(0, os.getcwd())
-            return runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-        else:
-            script = os.path.abspath(command[0])
-            if not os.path.exists(script):
-                raise MisconfigurationError(f"phalanx run: no script at {command[0]!r}")
-            sys.argv = [command[0], *command[1:]]
-            sys.path.insert(0, os.path.dirname(script))
-            return runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.argv = saved_argv
-        if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
-            sys.path.pop(0)

@@ -20,23 +20,31 @@ to launch from a process that did), and can launch again.
 **Results** come back as pickles in the folder, one per replica; ``launch``
 returns them by global rank.
 
-**Failures.** A replica that raises writes its traceback to the folder and
-ends the process at once (``os._exit``): the replicas are threads, and a
-thread waiting in an XLA collective for the failed one cannot be stopped in
-any other way. ``launch`` then raises
-:class:`~phalanx_core.WorkerFailedError` naming that replica and carrying
-its traceback. A process killed by a signal stops every replica it holds at
-the same instant; the error then names the process's first rank, the
-signal, and every rank that stopped with it. If the launching process is
-interrupted (Ctrl-C, a test's time limit), the replicas' session is killed
+**Failures.** A replica is a rank, and a rank's failure is one of two
+kinds. A replica that raises writes its traceback to the folder and ends
+the process at once (``os._exit``): the replicas are threads, and a thread
+waiting in an XLA collective for the failed one cannot be stopped in any
+other way; each replica that raised is a failure, with its traceback and
+the process's exit code. A process that ends otherwise (killed by a signal,
+aborted by the runtime) before every replica returned stops every replica
+it holds at the same instant: each replica without a result is then a
+failure, with the process's exit code. ``launch`` raises the
+:class:`~phalanx_core.WorkerFailedError` of
+:func:`phalanx_core.launching.worker_failed`, naming the root cause
+(:func:`~phalanx_core.launching.root_cause`: a replica that raised other
+than because a peer was lost; else the first rank of a process that died)
+and keeping every failure. A process killed by a signal after every
+replica returned gives the results, with a warning
+(:func:`~phalanx_core.launching.warn_died_after_delivery`). If the
+launching process is interrupted (Ctrl-C, a test's time limit), the
+replicas' session is stopped (:func:`~phalanx_core.launching.stop_processes`)
 before the exception goes on. On Linux the replicas' process also dies with
-the launching process.
+the launching process (:func:`~phalanx_core.launching.die_with_parent`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import os
 import pickle
@@ -44,24 +52,30 @@ import shutil
 import signal
 import sys
 import tempfile
-import traceback
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
+from phalanx_core import Launcher, MisconfigurationError
+from phalanx_core.launching import (
+    RankFailure,
+    die_with_parent,
+    failure_text,
+    stop_processes,
+    warn_died_after_delivery,
+    worker_failed,
+)
 
 from . import _runtime
 
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
-__all__ = ["STOP_GRACE", "XLALauncher"]
+__all__ = ["XLALauncher"]
 
 T = TypeVar("T")
 
-#: Seconds between SIGTERM and SIGKILL when the replicas are stopped.
-STOP_GRACE = 3.0
 _POLL = 0.05
 _FIRST_FAILURE = "first-failure"
 
@@ -107,15 +121,17 @@ class XLALauncher(Launcher):
             (folder / "job.pkl").write_bytes(pickle.dumps((fn, args, kwargs)))
             context = multiprocessing.get_context("spawn")
             process = context.Process(
-                target=_host_main, args=(str(folder), self.num_processes), name="phalanx-xla-replicas"
+                target=_host_main,
+                args=(str(folder), self.num_processes, os.getpid()),
+                name="phalanx-xla-replicas",
             )
             process.start()
             try:
                 exitcode = self._wait(process, folder)
             except BaseException:
-                _stop(process)
+                stop_processes([process])
                 raise
-            return self._results(folder, exitcode)
+            return self._results(folder, exitcode, ended=time.time())
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -125,42 +141,46 @@ class XLALauncher(Launcher):
         failure = folder / _FIRST_FAILURE
         while process.is_alive():
             if failure.exists():
-                process.join(STOP_GRACE)  # the failing replica ends the process itself
-                _stop(process)
+                # The failing replica ends the process itself: the grace,
+                # with no SIGTERM; then the signals for what is left.
+                stop_processes([process], spare={0})
                 break
             process.join(_POLL)
         process.join()
         return int(process.exitcode if process.exitcode is not None else -signal.SIGKILL)
 
-    def _results(self, folder: Path, exitcode: int) -> list[Any]:
+    def _results(self, folder: Path, exitcode: int, *, ended: float) -> list[Any]:
+        """Every replica's result, by global rank; or the job's failure."""
         n = self.num_processes
-        failure = folder / _FIRST_FAILURE
-        if failure.exists():
-            rank = int(failure.read_text().strip() or 0)
-            text = _read(folder / f"traceback-{rank}.txt")
-            last = text.strip().splitlines()[-1] if text.strip() else "(no traceback)"
-            raise WorkerFailedError(
-                f"replica {rank} of {n} failed: {last}. Every replica was stopped (launcher 'xla'); "
-                "its traceback follows:\n" + text,
-                rank=rank,
-                exitcode=exitcode,
-                traceback=text,
-            )
+        raised = [
+            RankFailure(r, exitcode=exitcode, traceback=_read(path), when=path.stat().st_mtime)
+            for r in range(n)
+            if (path := folder / f"traceback-{r}.txt").exists()
+        ]
         missing = [r for r in range(n) if not (folder / f"result-{r}.pkl").exists()]
-        if exitcode != 0 or missing:
-            signame = None
-            if exitcode < 0:
-                with contextlib.suppress(ValueError):
-                    signame = signal.Signals(-exitcode).name
-            how = f"was killed by {signame}" if signame else f"exited with code {exitcode}"
-            raise WorkerFailedError(
-                f"the process running replicas {list(range(n))} (threads of one process where the "
-                f"runtime runs several replicas per process) {how} before replica(s) {missing} returned; "
-                "every replica in it stopped at that moment. Its output above says why (XLA aborts the "
-                "process when a collective waits 15 s for a replica that does not come)",
-                rank=missing[0] if missing else 0,
-                exitcode=exitcode,
-                signal=signame,
+        if raised:
+            raise worker_failed(
+                "xla",
+                raised,
+                n,
+                stopped="Every replica was stopped (the replicas are threads of one process)",
+            )
+        if exitcode < 0 and not missing:
+            # Killed while exiting, after every replica had handed back its result.
+            warn_died_after_delivery("xla", RankFailure(0, exitcode=exitcode, when=ended), n)
+        elif exitcode != 0 or missing:
+            # Ended with no replica's word: every replica without a result
+            # stopped with the process, at the same instant.
+            died = [RankFailure(r, exitcode=exitcode, when=ended) for r in missing or range(n)]
+            raise worker_failed(
+                "xla",
+                died,
+                n,
+                stopped=(
+                    "Every replica in its process stopped with it (the replicas are threads of one "
+                    "process: which one its end came from cannot be told). XLA aborts the process when a "
+                    "collective waits 15 s for a replica that does not come"
+                ),
             )
         return [pickle.loads((folder / f"result-{r}.pkl").read_bytes()) for r in range(n)]
 
@@ -172,40 +192,16 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _stop(process: Any) -> None:
-    """SIGTERM to the replicas' session, then SIGKILL after the grace."""
-    pid = process.pid
-    if pid is None:
-        return
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, STOP_GRACE)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        process.join(wait)
-        if process.exitcode is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            return
-
-
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the launching process dies."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 # -- in the replicas' process ------------------------------------------------------
 
 
-def _host_main(folder: str, num_replicas: int) -> None:
+def _host_main(folder: str, num_replicas: int, parent: int) -> None:
     """The replicas' process: start them as torch_xla does, then leave
     without running the XLA runtime's exit handlers (which can wait on
-    replicas that are gone)."""
+    replicas that are gone): ``os._exit``, not
+    :func:`~phalanx_core.launching.exit_process`, which runs them."""
     os.setsid()
-    _die_with_parent()
+    die_with_parent(parent)
     # A crash in the runtime (SIGSEGV, SIGABRT) prints every thread's Python
     # stack to stderr, so the job's output says where each replica was.
     faulthandler.enable(all_threads=True)
@@ -213,9 +209,9 @@ def _host_main(folder: str, num_replicas: int) -> None:
     code = 0
     try:
         _run_replicas(job, num_replicas)
-    except BaseException:  # noqa: BLE001 - reported through the folder, then the exit code
+    except BaseException as exc:  # noqa: BLE001 - reported through the folder, then the exit code
         if not (job / _FIRST_FAILURE).exists():
-            _report(job, 0, traceback.format_exc())
+            _report(job, 0, failure_text(exc))
         code = 1
     finally:
         sys.stdout.flush()
@@ -266,8 +262,8 @@ class _Replica:
             fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
             result = fn(*args, **kwargs)
             data = pickle.dumps(result)
-        except BaseException:  # noqa: BLE001 - every failure stops the job, reported by rank
-            _report(job, rank, traceback.format_exc())
+        except BaseException as exc:  # noqa: BLE001 - every failure stops the job, reported by rank
+            _report(job, rank, failure_text(exc, skip_frames=1))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
@@ -277,8 +273,9 @@ class _Replica:
 
 
 def _report(job: Path, rank: int, text: str) -> None:
-    """Write ``rank``'s traceback; the first replica to fail names itself
-    in the first-failure file."""
+    """Write ``rank``'s traceback (its time is the file's); the first
+    replica to fail names itself in the first-failure file, which tells the
+    launching process to stop the rest."""
     (job / f"traceback-{rank}.txt").write_text(text)
     with contextlib.suppress(FileExistsError):
         fd = os.open(job / _FIRST_FAILURE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)

@@ -3,7 +3,7 @@
 Subclass a suite in your own test file (a class named ``Test...``), name
 your part, and pytest runs every test of the suite on it::
 
-    from phalanx_core.testing.suites import CollectiveSuite, LauncherSuite
+    from phalanx.testing.suites import CollectiveSuite, LauncherSuite
 
 
     class TestMyCollective(CollectiveSuite):
@@ -54,9 +54,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..errors import CollectiveTimeoutError, MisconfigurationError, UnavailableError, WorkerFailedError
-from .contract import CHECKS, check_collective
-from .processes import TAG_VAR, new_tag, reap
+from phalanx_core.errors import (
+    CollectiveTimeoutError,
+    MisconfigurationError,
+    UnavailableError,
+    WorkerFailedError,
+)
+from phalanx_core.testing.contract import CHECKS, check_collective
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 
 __all__ = ["AcceleratorSuite", "CollectiveSuite", "EnvironmentSuite", "LauncherSuite", "TrafficSuite"]
 
@@ -136,6 +141,17 @@ def raise_on_rank(strategy: Any, rank: int) -> None:
     if strategy.global_rank == rank:
         raise ValueError(f"raised on purpose in rank {rank}")
     strategy.barrier()
+
+
+def listeners_of_job(strategy: Any, launching: int) -> list[tuple[int, str, int]]:
+    """Once every rank's group is up: the TCP sockets this rank and the
+    launching process (pid ``launching``) listen on."""
+    from phalanx_core.testing.processes import listening_sockets
+
+    strategy.barrier()
+    found = listening_sockets({os.getpid(), launching})
+    strategy.barrier()  # the others are still up while this rank looks
+    return found
 
 
 def kill_on_rank(strategy: Any, rank: int) -> None:
@@ -261,7 +277,7 @@ class TrafficSuite:
     ) -> None:
         import torch
 
-        from .traffic import STEPS, run_traffic
+        from phalanx_core.testing.traffic import STEPS, run_traffic
 
         strategy = self.resolve(strategy_name)
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
@@ -301,6 +317,10 @@ class LauncherSuite:
         num_processes: ranks per launch (2).
         options: more keywords for :func:`phalanx.resolve`.
         hang_guard: seconds after which a test counts as hung.
+        listens: a one-node job opens a TCP socket somewhere (a rendezvous
+            store, the collective's connections); ``False`` for one whose
+            ranks talk without any (XLA's CPU replicas, threads of one
+            process). Either way, nothing may listen beyond loopback.
         sees_exit_codes: the launching process can see how a rank's
             process ended (its exit code or signal). ``False`` for a
             launcher whose ranks are other programs' children (Ray actors,
@@ -316,6 +336,7 @@ class LauncherSuite:
     options: ClassVar[Mapping[str, Any]] = {}
     hang_guard: ClassVar[float] = 180.0
     sees_exit_codes: ClassVar[bool] = True
+    listens: ClassVar[bool] = True
 
     def resolve(self) -> Any:
         """The strategy the tests launch, with your launcher by name."""
@@ -344,20 +365,58 @@ class LauncherSuite:
             self.resolve().launch(raise_on_rank, last)
         assert info.value.rank == last, info.value
         assert f"raised on purpose in rank {last}" in (info.value.traceback or ""), info.value
+        self._reported_alike(info.value, last)
+        assert f"Fix the error rank {last} raised, shown above." in str(info.value), info.value
 
     def test_a_rank_killed_by_sigkill_fails_the_job(self, monkeypatch: pytest.MonkeyPatch) -> None:
         last = self.num_processes - 1
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
             self.resolve().launch(kill_on_rank, last)
         assert info.value.rank == last, info.value
+        self._reported_alike(info.value, last)
         if self.sees_exit_codes:
-            assert info.value.signal == "SIGKILL" or info.value.exitcode in (-9, 137), info.value
+            assert (info.value.signal, info.value.exitcode) == ("SIGKILL", -9), info.value
+            assert "killed by SIGKILL (exit code -9)." in str(info.value), info.value
+            assert "out-of-memory killer" in str(info.value), info.value
         else:
             assert info.value.signal is None, info.value
             assert info.value.exitcode is None, info.value
             assert info.value.node is not None, info.value
             assert not info.value.traceback, info.value
             assert "without a Python traceback" in str(info.value), info.value
+
+    def _reported_alike(self, error: WorkerFailedError, rank: int) -> None:
+        """Every launcher reports a failure in one shape (it builds it with
+        :func:`phalanx_core.launching.worker_failed`): the message's first
+        line names the rank, the world and the launcher, and every failure
+        seen is kept, the root cause first."""
+        from phalanx_core.launching import RankFailure
+
+        first_line = str(error).splitlines()[0]
+        assert first_line.startswith(f"the launched job failed: rank {rank} of {self.num_processes}"), error
+        assert " failed first, " in first_line, error
+        assert error.failures, f"WorkerFailedError.failures is empty: {error}"
+        assert all(isinstance(f, RankFailure) for f in error.failures), error.failures
+        assert error.failures[0].rank == rank, error.failures
+
+    def test_a_one_node_launch_listens_on_loopback_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Nothing of a one-node job can be reached from another machine:
+        every TCP socket that the launching process and the ranks listen on
+        while the job runs (the rendezvous store, the collective's
+        connections) is on a loopback address."""
+        import ipaddress
+
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            found = self.resolve().launch(listeners_of_job, os.getpid())
+        sockets = sorted({s for rank in found if rank for s in rank})
+        if self.listens:
+            assert sockets, "no listening socket seen (the rendezvous store listens somewhere)"
+        wide = [
+            (pid, address, port)
+            for pid, address, port in sockets
+            if not ipaddress.ip_address(address).is_loopback
+        ]
+        assert not wide, f"a one-node job listens beyond loopback: {wide} (pid, address, port)"
 
     def test_a_flat_script_launches_itself(self, tmp_path: Any) -> None:
         """``python flat.py`` whose script calls ``strategy.launch()`` with no
@@ -367,8 +426,8 @@ class LauncherSuite:
         import re
         import sys
 
-        from ..launcher import Launcher
-        from .processes import run_tagged
+        from phalanx_core.launcher import Launcher
+        from phalanx_core.testing.processes import run_tagged
 
         flags = {
             "strategy": self.strategy,

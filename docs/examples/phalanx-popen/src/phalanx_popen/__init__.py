@@ -1,0 +1,1 @@
+"""phalanx-popen: a launcher written on phalanx's launcher toolkit."""

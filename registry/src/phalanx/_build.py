@@ -1,0 +1,183 @@
+"""Resolution, step 3: build the parts a plan chose, in order."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from phalanx_core import (
+    MisconfigurationError,
+    PluginError,
+    Strategy,
+)
+from phalanx_core.specs import Kind, StrategySpec
+
+from ._entry import Catalog, Entry
+from ._flags import INTERFACES
+from ._plan import Choice, Plan
+from ._resolve import _check_external_world, _external_world
+
+__all__ = ["build"]
+
+
+#: What build passes to each kind itself; users cannot set these as options.
+_GIVEN: dict[Kind, tuple[str, ...]] = {
+    Kind.ACCELERATOR: (),
+    Kind.ENVIRONMENT: (),
+    Kind.PRECISION: ("accelerator",),
+    Kind.COLLECTIVE: (),
+    Kind.LAUNCHER: ("environment", "num_processes", "num_nodes", "accelerator"),
+    Kind.STRATEGY: (
+        "accelerator",
+        "environment",
+        "collective",
+        "precision",
+        "launcher",
+        "parallel_devices",
+        "num_nodes",
+    ),
+}
+
+
+def _target(registry: Catalog, choice: Choice) -> tuple[Entry, type] | None:
+    """The entry and class a choice builds, or None for a ready instance."""
+    if choice.instance is not None:
+        return None
+    qualified = (
+        f"{choice.provider.distribution}:{choice.name}"
+        if choice.provider and choice.provider.distribution
+        else choice.name
+    )
+    entry = registry.get(choice.kind, qualified)
+    target = entry.load()
+    interface = INTERFACES[choice.kind]
+    if not (isinstance(target, type) and issubclass(target, interface)):
+        raise PluginError(
+            f"{entry.describe()}: its target {entry.spec.target!r} is {target!r}, not a subclass "
+            f"of phalanx_core.{interface.__name__}. Fix or uninstall {entry.owner()}"
+        )
+    return entry, target
+
+
+def _route(plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]) -> dict[Kind, dict[str, Any]]:
+    """Give each user option to the one part whose constructor takes it."""
+    routed: dict[Kind, dict[str, Any]] = {kind: {} for kind in targets}
+    takes: dict[Kind, set[str]] = {}
+    for kind, found in targets.items():
+        if found is not None:
+            accepted = _accepted_options(found[1])
+            takes[kind] = (accepted if accepted is not None else set()) - set(_GIVEN[kind])
+    for key, value in plan.options.items():
+        takers = [kind for kind, names in takes.items() if key in names]
+        if len(takers) == 1:
+            routed[takers[0]][key] = value
+            continue
+        if not takers:
+            accepted_by = "; ".join(
+                f"{kind} {targets[kind][0].name!r} takes {', '.join(sorted(names)) or 'none'}"  # type: ignore[index]
+                for kind, names in takes.items()
+            )
+            raise MisconfigurationError(
+                f"option {key}={value!r} is taken by no part of this plan ({accepted_by}). Check "
+                "the spelling, or pass a ready instance of the part that should get it"
+            )
+        raise MisconfigurationError(
+            f"option {key}={value!r} is taken by more than one part: "
+            f"{', '.join(f'{k} {targets[k][0].name!r}' for k in takers)}; pass a ready instance "  # type: ignore[index]
+            "of the part you mean instead (e.g. collective=TorchCollective(timeout=60))"
+        )
+    return routed
+
+
+def _construct(
+    found: tuple[Entry, type] | None, choice: Choice, options: dict[str, Any], **given: Any
+) -> Any:
+    if found is None:
+        return choice.instance
+    return found[1](**{**choice.options, **options, **given})
+
+
+def _accepted_options(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up
+    the base classes; ``None`` when any are accepted."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return names
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names.discard("self")
+            return names
+    return None
+
+
+def build(registry: Catalog, plan: Plan) -> Strategy:
+    """Import the chosen targets and construct the parts in order; each
+    part validates itself in its constructor."""
+    if plan.strategy.instance is not None:
+        return plan.strategy.instance  # type: ignore[no-any-return]
+    acc, env, prec, coll, launch = (
+        plan.accelerator,
+        plan.environment,
+        plan.precision,
+        plan.collective,
+        plan.launcher,
+    )
+    if acc is None or env is None or prec is None or coll is None or launch is None:
+        raise MisconfigurationError(f"build(): the plan has unchosen parts: {plan!r}")
+    spec = plan.strategy.spec
+    targets = {choice.kind: _target(registry, choice) for choice in plan.parts()}
+    for kind, found in targets.items():
+        if found is not None:
+            choice = getattr(plan, str(kind))
+            accepted = _accepted_options(found[1])
+            bad = sorted(set(choice.options) - accepted) if accepted is not None else []
+            if bad:
+                raise PluginError(
+                    f"{found[0].describe()}: its spec gives option(s) {', '.join(map(repr, bad))}, "
+                    f"which {found[1].__qualname__} does not take. Fix or uninstall {found[0].owner()}"
+                )
+    options = _route(plan, targets)
+    accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
+    devices = plan.devices
+    environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
+    if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
+        devices = 1
+    elif devices in ("auto", -1, "-1"):
+        # Inside processes torchrun / srun / mpirun started, 'auto' is what
+        # they started on this node (not the accelerator's own count).
+        devices = _external_world(environment, plan.num_nodes) or devices
+    parallel_devices = accelerator.parallel_devices(devices)
+    environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
+    _check_external_world(environment, len(parallel_devices), plan.num_nodes)
+    precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
+    collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
+    found = targets[Kind.LAUNCHER]
+    takes_accelerator = found is not None and "accelerator" in (_accepted_options(found[1]) or ())
+    launcher = _construct(
+        found,
+        launch,
+        options[Kind.LAUNCHER],
+        environment=environment,
+        num_processes=len(parallel_devices),
+        num_nodes=plan.num_nodes,
+        **({"accelerator": accelerator} if takes_accelerator else {}),
+    )
+    strategy: Strategy = _construct(
+        targets[Kind.STRATEGY],
+        plan.strategy,
+        options[Kind.STRATEGY],
+        accelerator=accelerator,
+        environment=environment,
+        collective=collective,
+        precision=precision,
+        launcher=launcher,
+        parallel_devices=parallel_devices,
+        num_nodes=plan.num_nodes,
+    )
+    strategy.plan = plan
+    return strategy
