@@ -41,7 +41,7 @@ from ._failures import (
     worker_failed,
 )
 from ._output import last_tracebacks
-from ._processes import CAUSE_GRACE, STOP_GRACE, signal_group, stop_processes
+from ._processes import CAUSE_GRACE, STOP_GRACE, check_count, signal_group, stop_processes
 from ._ranks import (
     RANK_MACHINERY,
     die_with_parent,
@@ -65,6 +65,7 @@ __all__ = [
     "RANK_MACHINERY",
     "STOP_GRACE",
     "RankFailure",
+    "check_count",
     "die_with_parent",
     "dumps_result",
     "exit_code_of",

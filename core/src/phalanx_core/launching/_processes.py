@@ -10,7 +10,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["CAUSE_GRACE", "STOP_GRACE", "signal_group", "stop_processes"]
+__all__ = ["CAUSE_GRACE", "STOP_GRACE", "check_count", "signal_group", "stop_processes"]
 
 #: Seconds a rank has to exit after SIGTERM before it gets SIGKILL, in
 #: every launcher.
@@ -21,6 +21,16 @@ STOP_GRACE = 5.0
 #: a rank that raises tears its group down on the way out, so its peers'
 #: errors can arrive before its own.
 CAUSE_GRACE = 2.0
+
+
+def check_count(launcher: str, name: str, value: object) -> int:
+    """``value`` if it is an int of at least 1 (``num_processes``,
+    ``num_nodes``); else the error that says so, naming ``launcher``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        from ..errors import MisconfigurationError
+
+        raise MisconfigurationError(f"launcher {launcher!r}: {name}={value!r}; expected an int of at least 1")
+    return value
 
 
 def signal_group(pid: int, sig: int) -> None:

@@ -22,6 +22,7 @@ from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
 from phalanx_core.launching import (
     LOOPBACK,
     RankFailure,
+    check_count,
     exit_process,
     failure_text,
     hosted_store,
@@ -110,10 +111,7 @@ class HorovodLauncher(Launcher):
         verbose: int = 0,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-            raise MisconfigurationError(
-                f"launcher 'horovod': num_processes={num_processes!r}; expected an int of at least 1"
-            )
+        check_count("horovod", "num_processes", num_processes)
         self._in_place = isinstance(environment, HorovodEnvironment)
         if num_nodes != 1 and not self._in_place:
             raise MisconfigurationError(

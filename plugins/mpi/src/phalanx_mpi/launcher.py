@@ -45,6 +45,7 @@ from phalanx_core import Launcher, MisconfigurationError, UnavailableError, Work
 from phalanx_core.launching import (
     LOOPBACK,
     RankFailure,
+    check_count,
     hosted_store,
     last_tracebacks,
     listen_variables,
@@ -105,10 +106,7 @@ class MPIRunLauncher(Launcher):
         mpirun_args: Sequence[str] = (),
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-            raise MisconfigurationError(
-                f"launcher 'mpirun': num_processes={num_processes!r}; expected an int of at least 1"
-            )
+        check_count("mpirun", "num_processes", num_processes)
         if num_nodes != 1:
             raise MisconfigurationError(
                 f"launcher 'mpirun' starts ranks on this machine, but num_nodes={num_nodes}; for several "

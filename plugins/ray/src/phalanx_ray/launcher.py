@@ -60,8 +60,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from phalanx_core import Launcher, MisconfigurationError, UnavailableError
-from phalanx_core.launching import CAUSE_GRACE, LOOPBACK, RankFailure, rank_variables, worker_failed
-from phalanx_core.network import interface_of
+from phalanx_core.launching import (
+    CAUSE_GRACE,
+    LOOPBACK,
+    RankFailure,
+    check_count,
+    listen_variables,
+    rank_variables,
+    worker_failed,
+)
 
 from .environment import JOB_VAR, NODES_VAR, in_rank
 
@@ -81,7 +88,7 @@ CLOSE_GRACE = 5.0
 #: value written into that launcher's results folder, the launch number
 #: refused). To be replaced by a public name in phalanx_core.launching.
 _NOT_CARRIED = ("PHALANX_RERUN_BY", "PHALANX_RESULTS_DIR", "PHALANX_LAUNCH_INDEX")
-_GLOO_INTERFACE_VAR = "GLOO_SOCKET_IFNAME"
+
 _TAG = "launcher 'ray'"
 
 
@@ -118,9 +125,8 @@ class RayLauncher(Launcher):
         placement_timeout: float = 60.0,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
-        for name, value in (("num_processes", num_processes), ("num_nodes", num_nodes)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise MisconfigurationError(f"{_TAG}: {name}={value!r}; expected an int of at least 1")
+        check_count("ray", "num_processes", num_processes)
+        check_count("ray", "num_nodes", num_nodes)
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise MisconfigurationError(
                 f"{_TAG}: address={address!r}; give a Ray address ('auto', 'host:6379', "
@@ -421,13 +427,11 @@ class _Job:
         port = self._get([self.actors[0].host_store.remote(main)], "host the rendezvous store")[0]
         carried = {k: v for k, v in os.environ.items() if k.startswith("PHALANX_") and k not in _NOT_CARRIED}
         common = {**carried, JOB_VAR: self.id, NODES_VAR: str(launcher.num_nodes)}
-        if launcher.num_nodes == 1 and not os.environ.get(_GLOO_INTERFACE_VAR):
+        if launcher.num_nodes == 1:
             # Every rank on one node: gloo on loopback, as the store, unless
             # the user chose its interface (here; a local instance's actors
             # inherit this process's variables).
-            loopback = interface_of(LOOPBACK)
-            if loopback is not None:
-                common[_GLOO_INTERFACE_VAR] = loopback
+            common.update(listen_variables(LOOPBACK))
         gpus: dict[int, list[str]] = {}
         for info in self.nodes:
             gpus.setdefault(info["node"], []).extend(info["gpus"])

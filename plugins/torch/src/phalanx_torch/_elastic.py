@@ -31,6 +31,7 @@ from phalanx_core.launching import (
     LOOPBACK,
     STOP_GRACE,
     RankFailure,
+    check_count,
     hosted_store,
     listen_variables,
     root_cause,
@@ -45,7 +46,6 @@ from ._ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
     T,
-    _check_count,
     _run_here,
 )
 
@@ -107,8 +107,8 @@ class SubprocessLauncher(Launcher):
         rendezvous_timeout: float = 900.0,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
-        _check_count("subprocess", "num_processes", num_processes)
-        _check_count("subprocess", "num_nodes", num_nodes)
+        check_count("subprocess", "num_processes", num_processes)
+        check_count("subprocess", "num_nodes", num_nodes)
         if node_rank is None:
             node_rank = (
                 environment.node_rank if environment is not None else int(os.environ.get("NODE_RANK", 0))

@@ -66,11 +66,6 @@ def _run_here(index: int, fn: Callable[..., T], args: Sequence[Any], kwargs: Map
     return result
 
 
-def _check_count(launcher: str, name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise MisconfigurationError(f"launcher {launcher!r}: {name}={value!r}; expected an int of at least 1")
-
-
 # -- spawn and fork ---------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from phalanx_core.launching import (
     LOOPBACK,
     STOP_GRACE,
     RankFailure,
+    check_count,
     die_with_parent,
     dumps_result,
     exit_process,
@@ -66,7 +67,6 @@ from ._ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
     T,
-    _check_count,
     _refuse_unforkable,
     _run_here,
     _start_methods,
@@ -181,7 +181,7 @@ class MultiprocessingLauncher(Launcher):
                 f"way (its start methods: {', '.join(methods) or 'none'}); {instead}"
             )
         self.start_method = start_method
-        _check_count(start_method, "num_processes", num_processes)
+        check_count(start_method, "num_processes", num_processes)
         if num_nodes != 1:
             raise MisconfigurationError(
                 f"launcher {start_method!r} starts processes on this machine only, but num_nodes="
