@@ -272,12 +272,35 @@ def test_a_file_that_is_not_a_whole_checkpoint_is_an_error_naming_it(tmp_path, c
         assert caught.value.__cause__ is not None  # raised from torch's own error
 
 
-def test_a_whole_file_with_objects_weights_only_refuses_keeps_torchs_error(tmp_path):
+def test_a_whole_file_with_objects_is_refused_naming_the_file_and_weights_only_false(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"ratio": fractions.Fraction(1, 3)}, path)
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(MisconfigurationError) as caught:
         TorchCheckpointIO().load(path)
+    message = str(caught.value)
+    assert f"cannot load the checkpoint file {str(path)!r} with weights_only=True" in message, message
+    assert "fractions.Fraction" in message and "weights_only=False" in message, message
+    assert isinstance(caught.value.__cause__, pickle.UnpicklingError)  # torch's own words, chained
     assert TorchCheckpointIO().load(path, weights_only=False) == {"ratio": fractions.Fraction(1, 3)}
+
+
+class _RunsCode:
+    """A pickle that would run code when loaded: it touches ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_file_whose_pickle_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    path, marker = tmp_path / "ckpt.pt", tmp_path / "ran"
+    torch.save({"model": {"w": torch.ones(2)}, "payload": _RunsCode(marker)}, path)
+    with pytest.raises(MisconfigurationError, match="nothing in it was run") as caught:
+        TorchCheckpointIO().load(path)
+    assert "it names io.open" in str(caught.value), caught.value  # what it would have called
+    assert not marker.exists(), "loading the checkpoint ran code"
 
 
 def test_torch_save_damage_finds_nothing_wrong_with_whole_files(tmp_path):

@@ -32,6 +32,7 @@ __all__ = [
     "check_module_shapes",
     "fsync_directory",
     "torch_save_damage",
+    "weights_only_refusal",
 ]
 
 #: What to do about a checkpoint file that is damaged, and about a file
@@ -108,8 +109,11 @@ class TorchCheckpointIO(CheckpointIO):
         except Exception as exc:
             with open(path, "rb") as file:
                 found = _damage(file)
+            refused = weights_only_refusal(exc, f"the checkpoint file {os.fspath(path)!r}")
+            if found is None and refused is not None:
+                raise refused from exc
             if found is None:
-                if _refused_by_weights_only(exc) or not isinstance(exc, (EOFError, pickle.UnpicklingError)):
+                if not isinstance(exc, (EOFError, pickle.UnpicklingError)):
                     raise  # a whole file: torch's own error says what to do
                 found = f"cannot be unpickled ({_first_line(exc)}): it is truncated or damaged", False
             damage, foreign = found
@@ -258,6 +262,30 @@ def _shape(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, tuple) and all(isinstance(n, int) for n in value):
         return tuple(value)
     return None
+
+
+def weights_only_refusal(exc: BaseException, what: str) -> MisconfigurationError | None:
+    """The error for ``what`` (a checkpoint file, an entry of a folder)
+    when ``exc`` is torch's refusal to unpickle it with ``weights_only``
+    (it names code to run); ``None`` for any other error."""
+    if not _refused_by_weights_only(exc):
+        return None
+    return MisconfigurationError(
+        f"cannot load {what} with weights_only=True: it holds objects that only full unpickling "
+        f"rebuilds, and full unpickling can run any code the file names ({_unsupported(exc)}); "
+        "nothing in it was run. If you trust the file (you wrote it), load it with "
+        "weights_only=False (strategy.load_checkpoint(path, state, weights_only=False)); otherwise "
+        "keep only tensors, numbers, strings and containers of them in a checkpoint"
+    )
+
+
+def _unsupported(exc: BaseException) -> str:
+    """What torch's weights-only unpickler refused, in its own words (the
+    line that names the global), or its first line."""
+    import re
+
+    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+    return f"it names {named.group(1)}" if named else _first_line(exc)
 
 
 def _refused_by_weights_only(exc: BaseException) -> bool:

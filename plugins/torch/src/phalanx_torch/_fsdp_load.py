@@ -35,6 +35,7 @@ from ._shard_files import (
     beside,
     check_shard_files,
     first_line,
+    load_value,
     path_of,
     put,
     read_metadata,
@@ -121,7 +122,9 @@ def _load_sharded(
             template,
             checkpoint_id=path,
             process_group=strategy._process_group,
-            planner=LoadPlanner(weights_only=weights_only, allow_partial_load=not strict),
+            planner=LoadPlanner(
+                weights_only=weights_only, allow_partial_load=not strict, path=os.fspath(path)
+            ),
         )
     except CheckpointException as exc:  # raised on every rank, with every rank's failure
         # Name the damaged file, if one is (each rank looks at every
@@ -135,8 +138,8 @@ def _load_sharded(
         ) from exc
     for key in set(template) - kept:
         if isinstance(metadata.state_dict_metadata.get(key), BytesStorageMetadata):
-            template[key] = torch.load(
-                io.BytesIO(template[key]), map_location="cpu", weights_only=weights_only
+            template[key] = load_value(
+                io.BytesIO(template[key]), weights_only=weights_only, entry=key, path=os.fspath(path)
             )
     for key, module in modules.items():
         if key in template:

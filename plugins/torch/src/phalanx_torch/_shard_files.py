@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import pickle
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +27,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from phalanx_core import MisconfigurationError
-from phalanx_core.checkpoint import fsync_directory, torch_save_damage
+from phalanx_core.checkpoint import fsync_directory, torch_save_damage, weights_only_refusal
 
 #: The file every torch.distributed.checkpoint directory has.
 METADATA = ".metadata"
@@ -187,15 +188,30 @@ class LoadPlanner(DefaultLoadPlanner):
     unpickled with ``weights_only=True``, which refuses anything but tensors
     and plain data."""
 
-    def __init__(self, *, weights_only: bool, allow_partial_load: bool) -> None:
+    def __init__(self, *, weights_only: bool, allow_partial_load: bool, path: str = "") -> None:
         super().__init__(allow_partial_load=allow_partial_load)
         self.weights_only = weights_only
+        self.path = path
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         if self.weights_only:
-            torch.load(value, weights_only=True)
+            entry = getattr(getattr(read_item, "dest_index", None), "fqn", "?")
+            load_value(value, weights_only=True, entry=entry, path=self.path)
             value.seek(0)
         super().load_bytes(read_item, value)
+
+
+def load_value(value: io.BytesIO, *, weights_only: bool, entry: str, path: str) -> Any:
+    """``torch.load`` of one pickled value of a sharded checkpoint; with
+    ``weights_only``, a value that names code to run is refused as core's
+    checkpoint error naming ``entry`` and ``path`` (nothing runs)."""
+    try:
+        return torch.load(value, map_location="cpu", weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        refused = weights_only_refusal(exc, f"the entry {entry!r} of the checkpoint {path!r}")
+        if refused is None:
+            raise
+        raise refused from exc
 
 
 def some(names: list[str]) -> str:
