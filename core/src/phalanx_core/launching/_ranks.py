@@ -168,7 +168,7 @@ def exit_code_of(code: object) -> int:
     return 1
 
 
-def exit_process(code: int, *, run_atexit: bool = True) -> NoReturn:
+def exit_process(code: int, *, run_atexit: bool = True, join_threads: bool = True) -> NoReturn:
     """End this process with ``code``, after what Python's own exit does
     that matters (the non-daemon threads joined, the ``atexit`` handlers
     run, stdout and stderr flushed), but without the interpreter's
@@ -187,13 +187,17 @@ def exit_process(code: int, *, run_atexit: bool = True) -> NoReturn:
     saves the 0.3-0.8 s of tearing torch's modules down after the job.
 
     ``run_atexit=False`` in a forked child: the handlers it has are its
-    parent's (a notebook's), not its own.
+    parent's (a notebook's), not its own. A rank that failed leaves at once,
+    with ``run_atexit=False, join_threads=False``: its output flushed, no
+    thread waited for (one may be blocked in a collective its peers never
+    join), no handler run (MPI's finalization waits for the other ranks, an
+    XLA runtime's for replicas that are gone).
     """
     import threading
 
     with contextlib.suppress(BaseException):
         main = threading.main_thread()
-        for thread in threading.enumerate():
+        for thread in threading.enumerate() if join_threads else ():
             if thread is not main and not thread.daemon and thread is not threading.current_thread():
                 thread.join()
     if run_atexit:

@@ -59,11 +59,9 @@ def _exit_failed() -> None:
     """Leave without MPI_Finalize: mpi4py finalizes at exit, and finalizing
     waits for the other ranks, which may be blocked in a collective this
     rank never joins (a 3-rank job hung there). A rank that exits without
-    finalizing makes mpirun stop the others. Not :func:`exit_process`,
-    which waits for the threads of ``fn``: a failed rank leaves at once."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    finalizing makes mpirun stop the others. It leaves at once: no thread
+    of ``fn`` waited for, no exit handler run."""
+    exit_process(1, run_atexit=False, join_threads=False)
 
 
 def _exit_done() -> None:

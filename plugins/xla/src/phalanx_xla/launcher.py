@@ -22,7 +22,7 @@ returns them by global rank.
 
 **Failures.** A replica is a rank, and a rank's failure is one of two
 kinds. A replica that raises writes its traceback to the folder and ends
-the process at once (``os._exit``): the replicas are threads, and a thread
+the process at once (``exit_process`` joining nothing): the replicas are threads, and a thread
 waiting in an XLA collective for the failed one cannot be stopped in any
 other way; each replica that raised is a failure, with its traceback and
 the process's exit code. A process that ends otherwise (killed by a signal,
@@ -50,7 +50,6 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -61,10 +60,12 @@ from phalanx_core import Launcher, MisconfigurationError
 from phalanx_core.launching import (
     RankFailure,
     die_with_parent,
+    exit_process,
     failure_text,
     stop_processes,
     warn_died_after_delivery,
     worker_failed,
+    write_whole,
 )
 
 from . import _runtime
@@ -198,8 +199,8 @@ def _read(path: Path) -> str:
 def _host_main(folder: str, num_replicas: int, parent: int) -> None:
     """The replicas' process: start them as torch_xla does, then leave
     without running the XLA runtime's exit handlers (which can wait on
-    replicas that are gone): ``os._exit``, not
-    :func:`~phalanx_core.launching.exit_process`, which runs them."""
+    replicas that are gone) or waiting for its threads:
+    :func:`~phalanx_core.launching.exit_process` with neither."""
     os.setsid()
     die_with_parent(parent)
     # A crash in the runtime (SIGSEGV, SIGABRT) prints every thread's Python
@@ -214,9 +215,7 @@ def _host_main(folder: str, num_replicas: int, parent: int) -> None:
             _report(job, 0, failure_text(exc))
         code = 1
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_process(code, run_atexit=False, join_threads=False)
 
 
 def _run_replicas(job: Path, num_replicas: int) -> None:
@@ -264,12 +263,8 @@ class _Replica:
             data = pickle.dumps(result)
         except BaseException as exc:  # noqa: BLE001 - every failure stops the job, reported by rank
             _report(job, rank, failure_text(exc, skip_frames=1))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-        partial = job / f"result-{rank}.pkl.part"
-        partial.write_bytes(data)
-        partial.rename(job / f"result-{rank}.pkl")
+            exit_process(1, run_atexit=False, join_threads=False)
+        write_whole(job / f"result-{rank}.pkl", data)
 
 
 def _report(job: Path, rank: int, text: str) -> None:
