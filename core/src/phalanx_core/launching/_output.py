@@ -19,15 +19,20 @@ _CHAINED = (
 _HEADER = "Traceback (most recent call last):"
 
 
-def last_tracebacks(lines: Iterable[tuple[float, int, str]]) -> dict[int, tuple[str, float]]:
+def last_tracebacks(lines: Iterable[tuple[float, str]], tag: re.Pattern[str]) -> dict[int, tuple[str, float]]:
     """Each rank's last traceback (with the tracebacks chained to it) in its
-    output, and when its last line was read. ``lines`` are ``(when, rank,
-    text)``: each line a rank wrote to its stderr, with the launcher's own
-    tag already taken off (a ``[rankN]: `` mark phalanx put is taken off
-    here)."""
+    output, and when its last line was read. ``lines`` are ``(when, line)``
+    as the launcher read them; ``tag`` matches a rank's stderr line as the
+    tool that ran the ranks marks it, its first group the rank, its second
+    the text (``[1,0]<stderr>:text`` under ``mpirun --tag-output``).
+    Other lines are left out, and a ``[rankN]: `` mark phalanx put is taken
+    off the text."""
     said: dict[int, list[tuple[float, str]]] = {}
-    for when, rank, text in lines:
-        said.setdefault(rank, []).append((when, _RANK_MARK.sub("", text.rstrip("\n"))))
+    for when, line in lines:
+        tagged = tag.match(line.rstrip("\n"))
+        if tagged is not None:
+            text = _RANK_MARK.sub("", tagged.group(2))
+            said.setdefault(int(tagged.group(1)), []).append((when, text))
     found = {}
     for rank, written in said.items():
         texts = [text for _, text in written]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -208,7 +208,7 @@ class HorovodLauncher(Launcher):
             return
         raised = {
             rank: RankFailure(rank, traceback=text, when=when, peer_lost_marks=PEER_LOST)
-            for rank, (text, when) in _tracebacks(said).items()
+            for rank, (text, when) in last_tracebacks(said, _TAGGED).items()
         }
         failures = _with_first_exit(raised, "".join(line for _, line in said))
         if not failures:
@@ -335,14 +335,3 @@ def _failure(box: Path, size: int, exc: Exception) -> Exception:
     if not failures:
         return exc  # no rank ran: Horovod's own error (no start, bad hosts) says why
     return worker_failed("horovod", failures, size, stopped=_STOPPED)
-
-
-def _tracebacks(report: Iterable[tuple[float, str]]) -> dict[int, tuple[str, float]]:
-    """Each rank's last traceback in its stderr as the tag marks it, and
-    when its last line was read."""
-    lines = (
-        (when, int(t.group(1)), t.group(2))
-        for when, line in report
-        if (t := _TAGGED.match(line.rstrip("\n")))
-    )
-    return last_tracebacks(lines)

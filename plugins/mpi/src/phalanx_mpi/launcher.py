@@ -243,17 +243,6 @@ def _ends(report: Iterable[tuple[float, str]]) -> dict[int, tuple[int, float]]:
     return ended
 
 
-def _tracebacks(report: Iterable[tuple[float, str]]) -> dict[int, tuple[str, float]]:
-    """Each rank's last traceback in its stderr as the tag marks it, and
-    when its last line was read."""
-    lines = (
-        (when, int(t.group(1)), t.group(2))
-        for when, line in report
-        if (t := _TAGGED.match(line.rstrip("\n")))
-    )
-    return last_tracebacks(lines)
-
-
 def _failure(
     folder: Path | None, code: int, report: Sequence[tuple[float, str]], size: int
 ) -> WorkerFailedError:
@@ -263,7 +252,9 @@ def _failure(
     signal or exit non-zero), the root cause chosen by the launchers' one
     rule (:func:`phalanx_core.launching.root_cause`)."""
     ended = _ends(report)
-    raised = _tracebacks(report)  # a script's ranks (run_script): seen in their output, exit code unknown
+    raised = last_tracebacks(
+        report, _TAGGED
+    )  # a script's ranks (run_script): seen in their output, exit code unknown
     for path in sorted(folder.glob("*.err")) if folder is not None else []:
         with contextlib.suppress(OSError, ValueError, KeyError):
             data = json.loads(path.read_text())
