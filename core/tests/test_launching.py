@@ -13,6 +13,7 @@ import pytest
 from phalanx_core import MisconfigurationError
 from phalanx_core.launching import (
     RankFailure,
+    carried_variables,
     check_count,
     last_tracebacks,
     rank_variables,
@@ -132,3 +133,11 @@ def test_last_tracebacks_reads_each_ranks_last_one_with_its_chain():
     text, when = found[0]
     assert text.startswith("Traceback (most recent call last):\n  File 'a.py', line 1, in f\nKeyError: 'x'\n")
     assert text.endswith("ValueError: from the key\n") and when == 9.0
+
+
+def test_carried_variables_are_the_users_settings_not_one_launchs_own():
+    environ = {
+        "PHALANX_HANG_REPORT": "30", "PHALANX_PLUGINS": "torch", "PHALANX_LAUNCH_INDEX": "2",
+        "PHALANX_LAUNCH_RESULTS_DIR": "/tmp/r", "RANK": "0", "PATH": "/bin", "XPHALANX_Y": "1",
+    }  # fmt: skip
+    assert carried_variables(environ) == {"PHALANX_HANG_REPORT": "30", "PHALANX_PLUGINS": "torch"}

@@ -22,7 +22,8 @@ In the launching process:
 
 In a rank:
 
-- :func:`rank_variables` (as torchrun sets them), :func:`die_with_parent`,
+- :func:`rank_variables` (as torchrun sets them), :func:`carried_variables`
+  (the user's ``PHALANX_*`` settings, not one launch's own), :func:`die_with_parent`,
   :func:`run_program` (a script or ``-m module`` as ``__main__``),
   :func:`write_whole`, :func:`dumps_result`, :func:`failure_text`, and
   :func:`exit_process`, the way out that avoids the interpreter's
@@ -43,7 +44,9 @@ from ._failures import (
 from ._output import last_tracebacks
 from ._processes import CAUSE_GRACE, STOP_GRACE, check_count, signal_group, stop_processes
 from ._ranks import (
+    LAUNCH_PRIVATE_PREFIX,
     RANK_MACHINERY,
+    carried_variables,
     die_with_parent,
     dumps_result,
     exit_code_of,
@@ -58,6 +61,7 @@ from ._stores import GLOO_INTERFACE_VAR, LOOPBACK, hosted_store, listen_variable
 
 __all__ = [
     "CAUSE_GRACE",
+    "LAUNCH_PRIVATE_PREFIX",
     "EXCERPT_LINES",
     "GLOO_INTERFACE_VAR",
     "LOOPBACK",
@@ -76,6 +80,7 @@ __all__ = [
     "last_tracebacks",
     "listen_variables",
     "listening_socket",
+    "carried_variables",
     "rank_variables",
     "root_cause",
     "run_program",

@@ -10,6 +10,7 @@ import runpy
 import signal
 import sys
 import traceback as traceback_module
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,7 +32,9 @@ def is_rank_machinery(frame: Any) -> bool:
 
 
 __all__ = [
+    "LAUNCH_PRIVATE_PREFIX",
     "RANK_MACHINERY",
+    "carried_variables",
     "die_with_parent",
     "dumps_result",
     "exit_code_of",
@@ -42,6 +45,28 @@ __all__ = [
     "run_program",
     "write_whole",
 ]
+
+
+#: The prefix of the variables one launch sets for its own ranks (where a
+#: rank leaves its result, which launch of the script it answers, the pid of
+#: the process that started it). Such a variable is not carried into the
+#: ranks of another launcher started from inside a rank: those ranks belong
+#: to a launch of their own. Every other ``PHALANX_*`` variable is the
+#: user's setting and is carried (:func:`carried_variables`).
+LAUNCH_PRIVATE_PREFIX = "PHALANX_LAUNCH_"
+
+
+def carried_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``PHALANX_*`` variables of ``environ`` (this process's by
+    default) that a launcher gives the ranks it starts where they do not
+    inherit its environment (actors of a Ray cluster, processes on other
+    hosts): every one but those of :data:`LAUNCH_PRIVATE_PREFIX`."""
+    source = os.environ if environ is None else environ
+    return {
+        key: value
+        for key, value in source.items()
+        if key.startswith("PHALANX_") and not key.startswith(LAUNCH_PRIVATE_PREFIX)
+    }
 
 
 def rank_variables(

@@ -64,6 +64,7 @@ from phalanx_core.launching import (
     CAUSE_GRACE,
     LOOPBACK,
     RankFailure,
+    carried_variables,
     check_count,
     listen_variables,
     rank_variables,
@@ -81,14 +82,6 @@ T = TypeVar("T")
 
 #: Seconds a warm rank has to tear its strategy down before it is killed.
 CLOSE_GRACE = 5.0
-#: The rank protocol of phalanx-torch's launchers (variables they set in
-#: their own ranks, private to phalanx_torch), never carried into Ray's: a
-#: Ray launch made from such a rank would otherwise make every actor act as
-#: that launcher's rank (a script naming ``spawn`` run in place, ``fn``'s
-#: value written into that launcher's results folder, the launch number
-#: refused). To be replaced by a public name in phalanx_core.launching.
-_NOT_CARRIED = ("PHALANX_RERUN_BY", "PHALANX_RESULTS_DIR", "PHALANX_LAUNCH_INDEX")
-
 _TAG = "launcher 'ray'"
 
 
@@ -425,7 +418,10 @@ class _Job:
         launcher = self.launcher
         main = LOOPBACK if launcher.num_nodes == 1 else self.nodes[0]["address"]
         port = self._get([self.actors[0].host_store.remote(main)], "host the rendezvous store")[0]
-        carried = {k: v for k, v in os.environ.items() if k.startswith("PHALANX_") and k not in _NOT_CARRIED}
+        # The user's PHALANX_* settings; never the variables of the launch
+        # that made this process a rank (PHALANX_LAUNCH_*): Ray's actors are
+        # ranks of this launch, not of that one.
+        carried = carried_variables()
         common = {**carried, JOB_VAR: self.id, NODES_VAR: str(launcher.num_nodes)}
         if launcher.num_nodes == 1:
             # Every rank on one node: gloo on loopback, as the store, unless

@@ -67,7 +67,7 @@ class SubprocessLauncher(Launcher):
     ``launch`` once per script.
 
     Return values cross by pickling (they must be picklable): each rank
-    leaves its value in a temporary folder (``PHALANX_RESULTS_DIR``), and
+    leaves its value in a temporary folder (``PHALANX_LAUNCH_RESULTS_DIR``), and
     ``launch`` returns a list of ``world_size`` values indexed by global
     rank. On several nodes each node's launching process has only its own
     node's values: the entries of the other nodes' ranks are ``None``.

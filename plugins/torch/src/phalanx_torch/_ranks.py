@@ -18,10 +18,10 @@ T = TypeVar("T")
 
 #: Set by the ``subprocess`` launcher for the ranks it starts: the folder in
 #: which each rank leaves its return value, as ``<RANK>.pkl``.
-RESULTS_DIR_VAR = "PHALANX_RESULTS_DIR"
+RESULTS_DIR_VAR = "PHALANX_LAUNCH_RESULTS_DIR"
 _ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 _LAUNCH_INDEX_VAR = "PHALANX_LAUNCH_INDEX"
-_LAUNCHER_PID_VAR = "PHALANX_LAUNCHER_PID"
+_LAUNCHER_PID_VAR = "PHALANX_LAUNCH_PARENT_PID"
 #: Counts the launches of this process, in every launcher here. A script
 #: re-run by the ``subprocess`` launcher makes the same launches in the same
 #: order, so a rank answers the launch of the same number.

@@ -73,7 +73,7 @@ from ._ranks import (
 )
 
 #: Set in the ranks a spawn or fork launcher's run_script started.
-RERUN_VAR = "PHALANX_RERUN_BY"
+RERUN_VAR = "PHALANX_LAUNCH_RERUN_BY"
 
 __all__ = [
     "RESULTS_DIR_VAR",
@@ -97,7 +97,7 @@ class InProcessLauncher(Launcher):
     Under torch elastic (``TORCHELASTIC_ERROR_FILE`` set: torchrun, or the
     ``subprocess`` launcher) an exception of ``fn`` is also written to the
     rank's error file, where the launching process reads the traceback.
-    Under the ``subprocess`` launcher (``PHALANX_RESULTS_DIR`` set) the
+    Under the ``subprocess`` launcher (``PHALANX_LAUNCH_RESULTS_DIR`` set) the
     result is also pickled to ``<dir>/<RANK>.pkl`` for the launching process:
     the result of this process's launch with the same number as the launch
     that started it (the re-run script launches in the same order).
@@ -201,7 +201,7 @@ class MultiprocessingLauncher(Launcher):
         """A program cannot be forked or spawned as a function: its ranks
         are started as fresh interpreters under torch elastic, as the
         ``subprocess`` launcher does (each line prefixed with its rank).
-        They are marked as this launcher's (``PHALANX_RERUN_BY``), so that
+        They are marked as this launcher's (``PHALANX_LAUNCH_RERUN_BY``), so that
         a script naming it (``launcher="spawn"``, then ``launch()``) sets
         up in them, where under torchrun it would be refused."""
         with _variables({RERUN_VAR: "1"}):
