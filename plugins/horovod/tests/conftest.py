@@ -14,6 +14,7 @@ _NEED_HOROVOD = [
     "test_collective.py",
     "test_strategy.py",
     "test_horovodrun.py",
+    "test_listening.py",
     "test_training.py",
 ]
 collect_ignore = [] if "horovod" in _asked else _NEED_HOROVOD

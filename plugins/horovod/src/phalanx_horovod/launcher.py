@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -34,6 +34,7 @@ from phalanx_core.launching import (
     worker_failed,
     write_whole,
 )
+from phalanx_core.network import interface_of, is_loopback
 
 from ._hvd import PEER_LOST
 from .environment import HorovodEnvironment
@@ -89,7 +90,12 @@ class HorovodLauncher(Launcher):
     store of the rank protocol, Horovod's HTTP servers in this process (see
     :mod:`phalanx_horovod._loopback`), Horovod's gloo (its network interface
     is the loopback one) and a torch gloo group beside it
-    (``GLOO_SOCKET_IFNAME``, unless you set it).
+    (``GLOO_SOCKET_IFNAME``, unless you set it). A script run as every
+    rank's program (``phalanx run``) meets at a store this process hosts on
+    127.0.0.1 too (:func:`_script_store`). Horovod 0.28 itself keeps the
+    gloo of a job on this host to the interface that has 127.0.0.1 (it
+    refuses another in ``network_interfaces``, and sets
+    ``HOROVOD_GLOO_IFACE`` in the ranks, over yours).
 
     Options:
         start_timeout: seconds Horovod waits for the ranks to start (30).
@@ -100,6 +106,15 @@ class HorovodLauncher(Launcher):
     """
 
     is_interactive_compatible: ClassVar[bool] = True
+
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        if num_nodes != 1:  # only in the ranks horovodrun started, where it runs in place
+            return "nothing that phalanx opens; horovodrun's ranks listen where horovodrun and torch put them"
+        return (
+            "127.0.0.1 only: the launcher's rendezvous store, Horovod's HTTP servers and gloo, every "
+            "rank's torch gloo"
+        )
 
     def __init__(
         self,
@@ -195,15 +210,16 @@ class HorovodLauncher(Launcher):
             horovodrun += ["--network-interfaces", interface]
         if self.verbose:
             horovodrun.append("--verbose")
-        env = {**os.environ, **listen_variables(LOOPBACK)}
-        with subprocess.Popen(
-            [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True, env=env
-        ) as proc:
-            said: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
-            for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
-                sys.stderr.write(line)
-                said.append((time.time(), line))
-            code = proc.wait()
+        said: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
+        with _script_store() as store_variables:
+            env = {**os.environ, **listen_variables(LOOPBACK), **store_variables}
+            with subprocess.Popen(
+                [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True, env=env
+            ) as proc:
+                for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
+                    sys.stderr.write(line)
+                    said.append((time.time(), line))
+                code = proc.wait()
         if code == 0:
             return
         raised = {
@@ -222,10 +238,34 @@ class HorovodLauncher(Launcher):
         raise worker_failed("horovod", failures, size, stopped=_STOPPED)
 
 
+@contextlib.contextmanager
+def _script_store() -> Iterator[dict[str, str]]:
+    """For a script run as every rank's program: a rendezvous store hosted
+    here on 127.0.0.1 while the job runs, and the variables that send a
+    torch group made beside Horovod's to it (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``: rank 0 joins it
+    instead of hosting a ``TCPStore`` of its own, which torch binds to every
+    interface). On the port in ``MASTER_PORT`` where you set one. Nothing
+    where you set ``MASTER_ADDR`` to an address that is not loopback: the
+    ranks meet there, as torch does it."""
+    address = os.environ.get("MASTER_ADDR")
+    if address and address != "localhost" and not is_loopback(address):
+        yield {}
+        return
+    port = os.environ.get("MASTER_PORT", "")
+    store = hosted_store(LOOPBACK, int(port) if port.isdigit() else 0, wait_for_workers=False)
+    try:
+        yield {
+            "MASTER_ADDR": LOOPBACK,
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    finally:
+        del store
+
+
 def _loopback_interface() -> str | None:
     """The name of the loopback interface (``lo``), where it can be told."""
-    from phalanx_core.network import interface_of
-
     return interface_of(LOOPBACK)
 
 
