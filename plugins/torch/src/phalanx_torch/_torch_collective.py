@@ -350,6 +350,9 @@ class TorchCollective(Collective):
         return self._done(work, tensor, async_op, "reduce", finish if self._rank == dst else None)
 
     def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False) -> Any:
+        # NCCL takes contiguous tensors only (gloo copies itself): a
+        # transposed or sliced input is sent as a contiguous copy.
+        tensor = tensor.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self._world_size)]
         try:
             work = dist.all_gather(out, tensor, group=self._group, async_op=async_op)
@@ -369,6 +372,7 @@ class TorchCollective(Collective):
 
     def gather(self, tensor: torch.Tensor, dst: int = 0, *, async_op: bool = False) -> Any:
         peer = self._peer(dst, "gather", "dst")
+        tensor = tensor.contiguous()  # as all_gather
         out = [torch.empty_like(tensor) for _ in range(self._world_size)] if self._rank == dst else None
         try:
             work = dist.gather(tensor, out, dst=peer, group=self._group, async_op=async_op)
