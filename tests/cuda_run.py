@@ -81,7 +81,24 @@ def train(strategy: Any, steps: int, out: str, manual: bool) -> None:
         torch.equal(_full(a), _full(b))
         for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True)
     )
+    # A background save: training changes the weights on the GPU at once;
+    # the checkpoint holds them as they were at the call.
+    at_save = [_full(t).clone() for t in model.state_dict().values()]
+    background = None
+    if not manual:
+        handle = strategy.save_checkpoint(
+            path + "-bg", {"model": model, "optimizer": optimizer}, blocking=False
+        )
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        handle.wait()
+        strategy.load_checkpoint(path + "-bg", {"model": fresh, "optimizer": fresh_optimizer})
+        background = all(
+            torch.equal(a, _full(b)) for a, b in zip(at_save, fresh.state_dict().values(), strict=True)
+        )
     result = {
+        "background_same_weights": background,
         "first": losses[0],
         "last": losses[-1],
         "finite": all(loss == loss and abs(loss) != float("inf") for loss in losses),

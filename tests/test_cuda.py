@@ -57,6 +57,7 @@ def test_every_strategy_trains_on_the_gpu_in_every_precision(strategy, precision
     assert result["backend"] == (None if strategy == "single_device" else "nccl")
     assert result["loaded_same_weights"], result
     assert result["loaded_rest"] == ["step"]
+    assert result["background_same_weights"] is (None if strategy == "manual" else True), result
     if result["checkpoint_keys"] is not None:  # fsdp writes a directory of shards
         expected = {"model", "optimizer", "step"} | ({"precision"} if precision == "16-mixed" else set())
         assert set(result["checkpoint_keys"]) == expected

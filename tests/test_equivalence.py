@@ -83,7 +83,11 @@ def test_manual_per_rank_files_resume_under_ddp(plain_weights, tmp_path):
     # manual saves one file per rank; the model the user wrapped in DDP is
     # saved unwrapped, so a rank's file loads under ddp_spawn.
     run("manual", tmp_path / "a.pt", "--save", str(tmp_path / "manual"), steps=3)
-    assert sorted(p.name for p in (tmp_path / "manual").iterdir()) == ["rank-00000.pt", "rank-00001.pt"]
+    assert sorted(p.name for p in (tmp_path / "manual").iterdir()) == [
+        ".complete",
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
     saved = torch.load(tmp_path / "manual" / "rank-00001.pt", weights_only=True)
     assert sorted(saved["model"]) == sorted(plain_weights[6])  # no "module." prefix
     resumed = run(

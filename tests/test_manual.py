@@ -92,7 +92,11 @@ def save_per_rank(strategy, path):
 def test_each_rank_saves_and_loads_its_own_file(tmp_path):
     strategy = phalanx.resolve("manual", accelerator="cpu", devices=2, launcher="fork")
     assert strategy.launch(save_per_rank, tmp_path / "ckpt") == [(0, 0.0), (1, 1.0)]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["rank-00000.pt", "rank-00001.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        ".complete",
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
     one = phalanx.resolve("manual", accelerator="cpu", devices=1, launcher="in_process")
     with pytest.raises(FileNotFoundError, match=r"no file for rank 0 \(rank-00000.pt\); nothing was saved"):
         one.launch(lambda s: s.load_checkpoint(tmp_path / "elsewhere"))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from phalanx_core import MisconfigurationError, PhalanxError, TorchCheckpointIO
-from phalanx_core.checkpoint import torch_save_damage
+from phalanx_core.checkpoint import HOST, clear_stale_partials, torch_save_damage
 
 #: Seconds any subprocess of these tests may take.
 DEADLINE = 120
@@ -76,7 +76,7 @@ def test_the_file_is_fsynced_before_the_rename_and_the_directories_after(tmp_pat
     [(_, temporary, target)] = [e for e in events if e[0] == "replace"]
     assert target == str(path)
     assert Path(temporary).parent == path.parent and Path(temporary).name.startswith(
-        f"ckpt.pt.{os.getpid()}-"
+        f"ckpt.pt.{HOST}-{os.getpid()}-"
     )
     assert events == [
         ("fsync", str(tmp_path)),  # the entry of the new directory a/
@@ -179,17 +179,17 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint(tmp_path):
         pytest.fail("the saver finished 384 MB three times before it could be killed")
 
     [leftover] = partials(path.parent)  # the killed save's, under its own name
-    assert leftover.name.startswith(f"ckpt.pt.{pid}-")
+    assert leftover.name.startswith(f"ckpt.pt.{HOST}-{pid}-")
     assert leftover.stat().st_size > 8 << 20
     state = TorchCheckpointIO().load(path)
     assert state["step"] == 1 and torch.equal(state["weights"], torch.arange(1000.0))
     assert sorted(state) == ["step", "weights"]
 
-    # The leftover breaks nothing: the next save and load work, and leave
-    # nothing else behind.
+    # The leftover breaks nothing, and the next save to the path clears it
+    # (its process is gone).
     TorchCheckpointIO().save({"step": 3}, path)
     assert TorchCheckpointIO().load(path) == {"step": 3}
-    assert partials(path.parent) == [leftover]
+    assert partials(path.parent) == []
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -311,3 +311,36 @@ def test_torch_save_damage_finds_nothing_wrong_with_whole_files(tmp_path):
     torch.save(good_state(), path, _use_new_zipfile_serialization=False)
     with open(path, "rb") as file:
         assert torch_save_damage(file) is None  # the legacy format: not judged
+
+
+def _dead_pid() -> int:
+    """The pid of a process that ran and is gone (reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_later_save_clears_the_partial_files_of_killed_saves_to_its_path(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    dead = _dead_pid()
+    killed = [
+        tmp_path / f"ckpt.pt.{HOST}-{dead}-0123abcd.partial",  # this host, its process gone
+        tmp_path / f"ckpt.pt.{dead}-89abcdef.partial",  # an earlier version's name, no host
+        tmp_path / f"ckpt.pt.{HOST}-{os.getpid()}-00000000.partial",  # this process's: never in flight now
+    ]
+    alive = tmp_path / f"ckpt.pt.{HOST}-1-11111111.partial"  # pid 1 runs: a save that may be running
+    elsewhere = tmp_path / "ckpt.pt.otherhost-5-22222222.partial"  # another host's, newer than the checkpoint
+    other = tmp_path / f"other.pt.{HOST}-{dead}-33333333.partial"  # another path's
+    for leftover in (*killed, alive, elsewhere, other):
+        leftover.write_bytes(b"half a checkpoint")
+    os.utime(elsewhere, (time.time() + 60, time.time() + 60))
+    TorchCheckpointIO().save(good_state(), path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["ckpt.pt", alive.name, elsewhere.name, other.name])
+    # Another host's partial file older than the checkpoint is a save that
+    # a later one outlived: cleared.
+    os.utime(elsewhere, (time.time() - 60, time.time() - 60))
+    assert clear_stale_partials(path) == [elsewhere]

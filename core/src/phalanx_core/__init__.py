@@ -3,6 +3,7 @@ plugin is written against. Depends on pluggy only; imports no backend."""
 
 from .accelerator import Accelerator, Availability, DevicesFlag, parse_device_indices
 from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
+from .checkpoint_directory import CheckpointDirectory
 from .collective import (
     DEFAULT_TIMEOUT,
     OPERATIONS,
@@ -22,6 +23,7 @@ from .collective import (
 )
 from .environment import ClusterEnvironment
 from .errors import (
+    CheckpointSaveError,
     CollectiveConnectionError,
     CollectiveTimeoutError,
     MisconfigurationError,
@@ -36,6 +38,7 @@ from .errors import (
 from .hookspecs import PROJECT, hookimpl
 from .launcher import Launcher
 from .precision import Precision
+from .saving import SaveHandle
 from .specs import (
     AcceleratorSpec,
     CollectiveSpec,
@@ -56,7 +59,9 @@ __all__ = [
     "Accelerator",
     "AcceleratorSpec",
     "Availability",
+    "CheckpointDirectory",
     "CheckpointIO",
+    "CheckpointSaveError",
     "ClusterEnvironment",
     "Collective",
     "CollectiveSpec",
@@ -76,6 +81,7 @@ __all__ = [
     "PluginError",
     "Precision",
     "PrecisionSpec",
+    "SaveHandle",
     "Spec",
     "Strategy",
     "StrategySpec",

@@ -16,7 +16,9 @@ import contextlib
 import errno
 import os
 import pickle
+import re
 import secrets
+import socket
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -30,7 +32,9 @@ __all__ = [
     "TorchCheckpointIO",
     "check_module_keys",
     "check_module_shapes",
+    "clear_stale_partials",
     "fsync_directory",
+    "partial_path",
     "torch_save_damage",
     "weights_only_refusal",
 ]
@@ -62,10 +66,12 @@ class TorchCheckpointIO(CheckpointIO):
     """``torch.save`` / ``torch.load``.
 
     ``save()`` writes to a temporary file next to ``path``
-    (``<name>.<pid>-<random>.partial``: processes or ranks saving to one path
-    at once never share it), fsyncs it, renames it to ``path`` and fsyncs the
-    directory. A save that fails removes its temporary file; one that is
-    killed leaves it, and the previous checkpoint, untouched.
+    (``<name>.<host>-<pid>-<random>.partial``: processes or ranks saving to
+    one path at once never share it), fsyncs it, renames it to ``path`` and
+    fsyncs the directory. A save that fails removes its temporary file; one
+    that is killed leaves it, and the previous checkpoint, untouched, and
+    the next save to the same path removes it
+    (:func:`clear_stale_partials`).
 
     ``load()`` raises :class:`~phalanx_core.MisconfigurationError`, naming
     the file, for a file that is empty, truncated, damaged, not written by
@@ -77,7 +83,8 @@ class TorchCheckpointIO(CheckpointIO):
 
         target = Path(path)
         _make_directories(target.parent)
-        temporary = target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+        clear_stale_partials(target)
+        temporary = partial_path(target)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         try:
             with open(fd, "wb") as file:
@@ -97,8 +104,9 @@ class TorchCheckpointIO(CheckpointIO):
         if Path(path).is_dir():
             raise FileNotFoundError(
                 f"no checkpoint file at {os.fspath(path)!r}: it is a directory (a sharded checkpoint "
-                "of strategy 'fsdp', or per-rank files of 'manual'?); load it with the strategy that "
-                "wrote it, or save with state_dict_type='full' (fsdp) for one file every strategy reads"
+                "of strategy 'fsdp', or per-rank files of 'manual'?), and this checkpoint_io "
+                f"({type(self).__name__}) reads files only. The strategies of phalanx-torch read sharded "
+                "directories too (their checkpoint_io, TorchDistributedCheckpointIO)"
             )
         if not Path(path).is_file():
             raise FileNotFoundError(f"no checkpoint file at {os.fspath(path)!r}")
@@ -246,6 +254,86 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+# -- the partial files of saves that did not finish ---------------------------------
+
+#: This host's name as partial files carry it (its first label, in the
+#: characters a file name keeps).
+HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0]) or "host"
+
+#: ``<name>.<host>-<pid>-<random>.partial`` (and the ``<name>.<pid>-<random>
+#: .partial`` of earlier versions, which named no host).
+_PARTIAL = re.compile(r"^(?P<name>.+)\.(?:(?P<host>[A-Za-z0-9_-]+?)-)?(?P<pid>\d+)-[0-9a-f]{8}\.partial$")
+
+
+def partial_path(target: str | os.PathLike[str]) -> Path:
+    """A new temporary path beside ``target`` for a save of this process
+    to write before renaming it to ``target``."""
+    target = Path(target)
+    return target.with_name(f"{target.name}.{HOST}-{os.getpid()}-{secrets.token_hex(4)}.partial")
+
+
+def clear_stale_partials(target: str | os.PathLike[str]) -> list[Path]:
+    """Remove the partial files (:func:`partial_path`) that saves to
+    ``target`` left behind when they were killed; return them.
+
+    A partial file is stale when the process that wrote it is gone (it was
+    written on this host and its process no longer runs, or it is this
+    process's own: its saves finish before the next one starts), or, when
+    it came from another host, when ``target`` was written after it (a
+    later save to the same path finished). Call it where no other save to
+    ``target`` runs on this host's behalf."""
+    target = Path(target)
+    removed = []
+    for candidate in _partials_of(target):
+        if is_stale_partial(candidate, target):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(candidate)
+            removed.append(candidate)
+    return removed
+
+
+def is_stale_partial(candidate: Path, target: Path | None = None) -> bool:
+    """Whether the partial file ``candidate`` belongs to no save that runs
+    (see :func:`clear_stale_partials`); False for a name that is not a
+    partial file's."""
+    found = _PARTIAL.match(candidate.name)
+    if found is None:
+        return False
+    host, pid = found.group("host"), int(found.group("pid"))
+    if host is None or host == HOST:
+        return pid == os.getpid() or not _running(pid)
+    try:
+        return target is not None and target.stat().st_mtime > candidate.stat().st_mtime
+    except FileNotFoundError:
+        return False
+
+
+def _partials_of(target: Path) -> list[Path]:
+    try:
+        names = os.listdir(target.parent)
+    except FileNotFoundError:
+        return []
+    return [
+        target.parent / name
+        for name in names
+        if name.startswith(target.name + ".")
+        and (found := _PARTIAL.match(name)) is not None
+        and found.group("name") == target.name
+    ]
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user's
+    counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "CheckpointSaveError",
     "CollectiveConnectionError",
     "CollectiveTimeoutError",
     "MisconfigurationError",
@@ -114,6 +115,14 @@ class CollectiveConnectionError(PhalanxError, ConnectionError):
     def __init__(self, message: str, *, operation: str) -> None:
         super().__init__(message)
         self.operation = operation
+
+
+class CheckpointSaveError(PhalanxError, RuntimeError):
+    """A checkpoint save in the background failed (``save_checkpoint(...,
+    blocking=False)``). Raised on every rank, by the save's ``wait()`` or the
+    next ``save_checkpoint``/``load_checkpoint``; the message names each
+    rank that failed and why, and on those ranks the cause is chained. The
+    path still holds the previous checkpoint, whole."""
 
 
 class WorkerFailedError(PhalanxError, RuntimeError):

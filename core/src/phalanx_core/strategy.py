@@ -35,6 +35,7 @@ from .collective import OPERATIONS, plan_mismatch
 from .errors import MisconfigurationError, WorkerFailedError
 from .hangs import DEFAULT_HANG_REPORT, HANG_REPORT_VAR, HangWatch, hang_report_seconds, watch_methods
 from .launcher import Launcher
+from .saving import Agreement, BackgroundSaves, SaveHandle, agreed_failure
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
@@ -144,6 +145,9 @@ class Strategy(CollectiveCalls):
     #: of them in ``unsupported`` is refused when the strategy is made,
     #: naming it, instead of failing at the first backward pass.
     traffic: ClassVar[frozenset[str]] = frozenset()
+    #: Makes the :attr:`checkpoint_io` of a strategy given none (a plugin's
+    #: strategies may read more formats than plain files).
+    default_checkpoint_io: ClassVar[type[CheckpointIO]] = TorchCheckpointIO
 
     _hang_watch: HangWatch | None = None
     _launched_here: bool = False  # set up by launch() with no function
@@ -204,7 +208,8 @@ class Strategy(CollectiveCalls):
         self.launcher = launcher
         self.parallel_devices = list(parallel_devices)
         self.num_nodes = num_nodes
-        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
+        self.checkpoint_io = checkpoint_io if checkpoint_io is not None else self.default_checkpoint_io()
+        self._saves = BackgroundSaves()
         precision.check_accelerator(accelerator)
         collective.check_accelerator(accelerator)
         collective.check_launcher(launcher, environment)
@@ -430,7 +435,11 @@ class Strategy(CollectiveCalls):
     def _make_optimizers(module: Any, optimizers: Sequence[Any]) -> list[Any]:
         """Each of ``optimizers`` as an optimizer: factories are called with
         ``module``'s parameters."""
-        return [opt if hasattr(opt, "step") else make_optimizer(opt, module) for opt in optimizers]
+        # An optimizer class (torch.optim.Adam) is a factory, though it has .step
+        return [
+            opt if hasattr(opt, "step") and not isinstance(opt, type) else make_optimizer(opt, module)
+            for opt in optimizers
+        ]
 
     def setup_module(self, module: Any) -> Any:
         """Wrap a module already on its device (DDP, FSDP); the base returns
@@ -481,7 +490,12 @@ class Strategy(CollectiveCalls):
     def teardown(self) -> None:
         """Leave the group and release what setting up took; in the
         launching process, also what the launcher keeps between launches
-        (warm ranks: :meth:`Launcher.teardown <phalanx_core.Launcher.teardown>`)."""
+        (warm ranks: :meth:`Launcher.teardown <phalanx_core.Launcher.teardown>`).
+
+        A checkpoint save still in flight is finished first (this rank's
+        part); if it failed and nobody waited for it, teardown raises its
+        :class:`~phalanx_core.errors.CheckpointSaveError` at the end."""
+        unwaited = self._saves.close()
         self.launcher.teardown()
         if self._hang_watch is not None:
             self._hang_watch.stop()
@@ -496,6 +510,8 @@ class Strategy(CollectiveCalls):
             enabled, warn_only = self._deterministic_before
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
             self._deterministic_before = None
+        if unwaited is not None:
+            raise unwaited
 
     # -- training steps -----------------------------------------------------
 
@@ -562,16 +578,57 @@ class Strategy(CollectiveCalls):
 
     # -- checkpoints ---------------------------------------------------------
 
-    def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
         """Save ``state`` to ``path``: modules and optimizers in it are saved
         as their ``state_dict()``, with the precision's state under
         ``"precision"``. Rank 0 writes (atomically: ``path`` holds the
-        previous checkpoint until the new one is complete and fsynced);
-        every rank waits for it."""
+        previous checkpoint until the new one is complete and fsynced).
+        Every rank must call it.
+
+        With ``blocking`` (the default) every rank returns once the
+        checkpoint is complete. With ``blocking=False`` rank 0 copies the
+        state into host memory and writes it in the background; every rank
+        returns at once with a :class:`~phalanx_core.saving.SaveHandle`
+        whose collective ``wait()`` returns once the checkpoint is complete
+        (see :mod:`phalanx_core.saving` for the rules: one save in flight,
+        failures raised, the host memory it keeps). A save waits for the
+        one in flight first."""
+        self._check_blocking(blocking)
+        self._saves.finish()
+        if blocking:
+            if self.is_global_zero:
+                self.checkpoint_io.save(self._to_state(state), path)
+            if self.world_size > 1:
+                self.barrier()
+            return SaveHandle.finished(path)
+        write = None
         if self.is_global_zero:
-            self.checkpoint_io.save(self._to_state(state), path)
-        if self.world_size > 1:
-            self.barrier()
+            staged = self._saves.stager.stage(self._to_state(state))
+            write = functools.partial(self.checkpoint_io.save, staged, path)
+        return self._saves.start(path, write, self._agreement(path))
+
+    def _check_blocking(self, blocking: Any) -> None:
+        if not isinstance(blocking, bool):
+            raise MisconfigurationError(
+                f"save_checkpoint(blocking={blocking!r}): give True (return once the checkpoint is "
+                "written) or False (write it in the background and return a handle)"
+            )
+
+    def _agreement(self, path: str | os.PathLike[str]) -> Agreement | None:
+        """How the ranks agree on a background save's outcome: every rank's
+        failure gathered (None in a job of one rank)."""
+        if self.world_size == 1:
+            return lambda mine: (
+                agreed_failure([(0, _first_line(mine))], mine, os.fspath(path), 0) if mine else None
+            )
+
+        def agree(mine: BaseException | None) -> BaseException | None:
+            ours = (self.global_rank, _first_line(mine)) if mine is not None else None
+            return agreed_failure(self.all_gather_object(ours), mine, os.fspath(path), self.global_rank)
+
+        return agree
 
     def load_checkpoint(
         self,
@@ -590,7 +647,10 @@ class Strategy(CollectiveCalls):
         not written by ``torch.save``), or an entry that does not fit what
         it is loaded into (another model's keys or shapes), is a
         :class:`~phalanx_core.MisconfigurationError` that names the file,
-        raised before anything is loaded where it can be told beforehand."""
+        raised before anything is loaded where it can be told beforehand.
+
+        A save in flight (``blocking=False``) is waited for first."""
+        self._saves.finish()
         loaded = self.checkpoint_io.load(path, weights_only=weights_only)
         precision_state = loaded.pop("precision", None)
         # Check every entry before loading any; then load the modules last

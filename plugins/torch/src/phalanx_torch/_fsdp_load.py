@@ -32,8 +32,8 @@ from ._fsdp_save import split_state
 from ._shard_files import (
     METADATA,
     LoadPlanner,
-    beside,
     check_shard_files,
+    finish_interrupted_swap,
     first_line,
     load_value,
     path_of,
@@ -42,6 +42,7 @@ from ._shard_files import (
     saved_paths,
     saved_shapes,
 )
+from .checkpoint_io import per_rank_directory_error
 
 
 def load(
@@ -54,9 +55,14 @@ def load(
 ) -> dict[str, Any]:
     """Load the checkpoint at ``path``: :meth:`FSDPStrategy.load_checkpoint
     <phalanx_torch.fsdp.FSDPStrategy.load_checkpoint>`, for ``strategy``."""
+    strategy._saves.finish()  # a save in flight first
+    finish_interrupted_swap(path)
     target = Path(path)
     if target.is_dir():
         if not (target / METADATA).is_file():
+            per_rank = per_rank_directory_error(path)
+            if per_rank is not None:
+                raise per_rank
             raise FileNotFoundError(
                 f"load_checkpoint({os.fspath(path)!r}): this directory is not a sharded checkpoint "
                 f"(it has no {METADATA} file, which a save writes last); give a directory that "
@@ -65,13 +71,6 @@ def load(
         return _load_sharded(strategy, path, state or {}, strict=strict, weights_only=weights_only)
     if target.is_file():
         return _load_full(strategy, path, state or {}, strict=strict, weights_only=weights_only)
-    previous, staging = beside(path, ".previous"), beside(path, ".partial")
-    if (previous / METADATA).is_file() and (staging / METADATA).is_file():
-        raise FileNotFoundError(
-            f"load_checkpoint({os.fspath(path)!r}): no checkpoint there: a sharded save was stopped "
-            f"while it swapped its new checkpoint in. The previous one is whole at {str(previous)!r}, "
-            f"the new one at {str(staging)!r}; rename the one you want to {os.fspath(path)!r}"
-        )
     raise FileNotFoundError(
         f"load_checkpoint({os.fspath(path)!r}): no checkpoint there (neither a file nor a directory); "
         "give the path save_checkpoint() wrote"
@@ -236,6 +235,7 @@ def _load_full(
             value,
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=broadcast),
         )
+        _retype_groups(optimizer)
     return _restore_rest(strategy, head, others, wanted)
 
 
@@ -304,6 +304,16 @@ def _check_group_sizes(
             f"groups of {sizes} parameters, and the optimizer has {mine}; load it into an optimizer like "
             "the one it was saved from"
         )
+
+
+def _retype_groups(optimizer: Any) -> None:
+    """Give back the tuples that torch's broadcast of a full optimizer state
+    turns into lists (Adam's ``betas``), where the optimizer's defaults
+    have a tuple: the groups are then as they were saved."""
+    for group in optimizer.param_groups:
+        for key, default in optimizer.defaults.items():
+            if isinstance(default, tuple) and isinstance(group.get(key), list):
+                group[key] = tuple(group[key])
 
 
 def _keeps_tensors(optimizer: Any, module: Any) -> bool:

@@ -12,6 +12,7 @@ wrong with it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import os
@@ -53,6 +54,27 @@ def swap_in(staging: Path, path: Path, previous: Path) -> None:
     staging.rename(path)
     fsync_directory(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def finish_interrupted_swap(path: str | os.PathLike[str]) -> bool:
+    """Where a save was killed between the two renames of :func:`swap_in`
+    (nothing at ``path``, the previous checkpoint whole beside it), finish
+    what it began: put the new checkpoint at ``path`` if it is whole (its
+    ``.metadata`` is written last), else the previous one back. Return
+    whether a checkpoint is at ``path`` now. Safe to call from every rank
+    at once: one rename wins, the others find it done."""
+    target = Path(path)
+    if target.exists():
+        return True
+    staging, previous = beside(path, ".partial"), beside(path, ".previous")
+    if not (previous / METADATA).is_file():
+        return False
+    source = staging if (staging / METADATA).is_file() else previous
+    with contextlib.suppress(FileNotFoundError, FileExistsError, OSError):
+        source.rename(target)
+    with contextlib.suppress(OSError):
+        fsync_directory(target.parent)
+    return target.exists()
 
 
 def whole(value: Any) -> Any:

@@ -34,7 +34,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.utils import _sync_module_states
 
-from phalanx_core import MisconfigurationError
+from phalanx_core import MisconfigurationError, SaveHandle
 
 from . import _fsdp_load, _fsdp_save
 from ._shard_files import some
@@ -154,7 +154,7 @@ class FSDPStrategy(TorchGroupStrategy):
         given.
         """
         for position, optimizer in enumerate(optimizers, start=1):
-            if hasattr(optimizer, "step"):
+            if hasattr(optimizer, "step") and not isinstance(optimizer, type):  # a class is a factory
                 raise MisconfigurationError(
                     f"strategy 'fsdp': setup(module, ...) got an optimizer instance "
                     f"({type(optimizer).__name__}) as optimizer {position}. fsdp replaces the module's "
@@ -290,7 +290,9 @@ class FSDPStrategy(TorchGroupStrategy):
 
     # -- checkpoints ------------------------------------------------------------------
 
-    def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
         """Save ``state`` to ``path``, as ``state_dict_type`` says.
 
         Modules and optimizers in ``state`` are saved through
@@ -309,10 +311,15 @@ class FSDPStrategy(TorchGroupStrategy):
           parameter index there, as ``optimizer.state_dict()`` is, so that
           any strategy can load the file.
 
-        Every rank must call it; every rank returns once the checkpoint is
-        complete.
+        Every rank must call it. With ``blocking`` (the default) every rank
+        returns once the checkpoint is complete; with ``blocking=False``
+        each rank copies what it writes (its shards; for ``"full"``, rank 0
+        the gathered state) into host memory and writes it in the
+        background, returning a handle (the rules are
+        :mod:`phalanx_core.saving`'s; the background writers talk through a
+        gloo group of their own, made by the first such save).
         """
-        _fsdp_save.save(self, path, state)
+        return _fsdp_save.save(self, path, state, blocking=blocking)
 
     def load_checkpoint(
         self,

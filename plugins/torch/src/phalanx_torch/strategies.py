@@ -14,8 +14,12 @@ from torch.distributed import distributed_c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from phalanx_core import OPERATIONS, MisconfigurationError, Strategy
+from phalanx_core import OPERATIONS, MisconfigurationError, SaveHandle, Strategy
+from phalanx_core.checkpoint import fsync_directory
+from phalanx_core.checkpoint_directory import COMPLETE_MARK
+from phalanx_core.launching import write_whole
 
+from .checkpoint_io import TorchDistributedCheckpointIO
 from .collectives import TorchCollective
 
 __all__ = ["DDPStrategy", "ManualStrategy", "SingleDeviceStrategy", "TorchGroupStrategy"]
@@ -27,6 +31,9 @@ c10d: Any = distributed_c10d
 class SingleDeviceStrategy(Strategy):
     """One process on one device: the base composition, with a check that it
     was given exactly one device."""
+
+    #: Reads files and sharded directories, whatever wrote them.
+    default_checkpoint_io = TorchDistributedCheckpointIO
 
     def __init__(self, **parts: Any) -> None:
         super().__init__(**parts)
@@ -57,6 +64,9 @@ class TorchGroupStrategy(Strategy):
     :attr:`process_group` and :meth:`device_mesh` hand that group to code of
     one's own.
     """
+
+    #: Reads files and sharded directories, whatever wrote them.
+    default_checkpoint_io = TorchDistributedCheckpointIO
 
     _process_group: Any = None
     _adapter: Any = None  # the CollectiveProcessGroup this strategy made
@@ -110,12 +120,23 @@ class TorchGroupStrategy(Strategy):
         model's (no ``module.`` prefix) and load under every strategy."""
         return module.module if isinstance(module, DistributedDataParallel) else module
 
+    #: The gloo group that background checkpoint saves talk through (made
+    #: by the first one that needs it).
+    _checkpoint_pg: Any = None
+
     def teardown(self) -> None:
+        unwaited = self._saves.close()  # before any group goes
+        group, self._checkpoint_pg = self._checkpoint_pg, None
+        if group is not None and dist.is_initialized():
+            with contextlib.suppress(RuntimeError, ValueError):  # gone with the default group
+                dist.destroy_process_group(group)
         if self._adapter is not None:
             self._adapter.unregister()
             self._adapter = None
         self._process_group = None
         super().teardown()
+        if unwaited is not None:
+            raise unwaited
 
 
 def _is_torchs_own(collective: Any) -> bool:
@@ -249,18 +270,41 @@ class ManualStrategy(TorchGroupStrategy):
         directory ``path``."""
         return Path(path) / f"rank-{self.global_rank if rank is None else rank:05d}.pt"
 
-    def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
+        """As the base's; with ``checkpoint_per_rank`` every rank writes its
+        own file into the directory ``path``, and rank 0 marks the directory
+        complete (``.complete``) once every rank's file is there. That
+        layout saves blocking only."""
         if not self.checkpoint_per_rank:
-            super().save_checkpoint(path, state)
-            return
+            return super().save_checkpoint(path, state, blocking=blocking)
+        self._check_blocking(blocking)
+        if not blocking:
+            raise MisconfigurationError(
+                f"save_checkpoint({os.fspath(path)!r}, blocking=False): strategy 'manual' with "
+                "checkpoint_per_rank=True saves blocking only (every rank's file, then the mark that "
+                "all are there); pass blocking=True, or checkpoint_per_rank=False to save one file "
+                "from rank 0 in the background"
+            )
         if Path(path).is_file():
             raise MisconfigurationError(
                 f"save_checkpoint({os.fspath(path)!r}): strategy 'manual' saves one file per rank into a "
                 "directory, and this is a file; choose another path, or pass checkpoint_per_rank=False"
             )
+        self._saves.finish()
+        mark = Path(path) / COMPLETE_MARK
+        if self.is_global_zero:
+            mark.unlink(missing_ok=True)  # not complete until every new file is there
+        if self.world_size > 1:
+            self.barrier()
         self.checkpoint_io.save(self._to_state(state), self.rank_checkpoint_path(path))
         if self.world_size > 1:
             self.barrier()
+        if self.is_global_zero:
+            write_whole(mark, f"{self.world_size}\n".encode())
+            fsync_directory(path)
+        return SaveHandle.finished(path)
 
     def load_checkpoint(
         self,

@@ -10,7 +10,6 @@ bfloat16 weights and inputs); any other is refused with what to use.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -120,11 +119,9 @@ class XLAStrategy(Strategy):
         _runtime.sync()
         return result
 
-    def save_checkpoint(self, path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
-        if self.is_global_zero:
-            self.checkpoint_io.save(_to_cpu(self._to_state(state)), path)
-        if self.world_size > 1:
-            self.barrier()
+    def _to_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        # What save_checkpoint writes (blocking or in the background): on the CPU.
+        return _to_cpu(super()._to_state(state))  # type: ignore[no-any-return]
 
     def teardown(self) -> None:
         self._synced_modules.clear()
