@@ -185,7 +185,8 @@ class Driver:
 
     def __init__(self, options: list[str], *, env: dict[str, str], host: Host | None = None) -> None:
         self.tag = new_tag()
-        self.timed_out = False
+        #: Seconds after which :meth:`end` killed it, still running; None if it ended.
+        self.killed_after: float | None = None
         argv = [sys.executable, str(JOBS / "join.py"), *options]
         popen = dict(
             env={**env, TAG_VAR: self.tag}, cwd=JOBS, text=True,
@@ -211,9 +212,16 @@ class Driver:
     def stdout(self) -> str:
         return "".join(self.out)
 
+    @property
+    def timed_out(self) -> bool:
+        return self.killed_after is not None
+
     def describe(self) -> str:
         stderr = "".join(self.err)
-        return f"exit code {self.process.returncode}\n--- stdout\n{self.stdout[-6000:]}\n--- stderr\n{stderr[-6000:]}"
+        code = f"exit code {self.process.returncode}"
+        if self.killed_after is not None:  # else a -9 reads as a crash
+            code += f" (killed by the test: still running {self.killed_after:g} s after its stdin closed)"
+        return f"{code}\n--- stdout\n{self.stdout[-6000:]}\n--- stderr\n{stderr[-6000:]}"
 
     def records(self, marker: str) -> list[dict]:
         prefix = marker + " "
@@ -236,7 +244,7 @@ class Driver:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.timed_out = True
+                self.killed_after = timeout
                 self.process.kill()
                 self.process.wait(30)
             for reader in self.readers:
