@@ -212,10 +212,6 @@ class Driver:
     def stdout(self) -> str:
         return "".join(self.out)
 
-    @property
-    def timed_out(self) -> bool:
-        return self.killed_after is not None
-
     def describe(self) -> str:
         stderr = "".join(self.err)
         code = f"exit code {self.process.returncode}"
@@ -388,11 +384,14 @@ def test_an_address_where_nothing_answers_is_refused_at_once():
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     with Driver(["--address", address], env=driver_environment()) as driver:
-        code = driver.end(timeout=AT_ONCE)
-    assert not driver.timed_out, f"a launch with address={address!r} still waited after {AT_ONCE:g} s"
+        code = driver.end()
     assert code == 1, driver.describe()
     error = driver.wait_for("PHALANX-ERROR", timeout=0)
     assert error["type"] == "UnavailableError", error
+    # The launch's own time (not the driver's start, whose imports alone
+    # may take longer than that on a loaded machine): ray.init would retry
+    # for ~14 minutes.
+    assert error["seconds"] < AT_ONCE, error
     assert f"no Ray cluster answers at address={address!r}" in error["message"], error
 
 
