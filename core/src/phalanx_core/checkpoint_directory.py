@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .saving import SaveHandle
-    from .strategy import Strategy
 
 __all__ = ["COMPLETE_MARK", "CheckpointDirectory"]
 
@@ -115,13 +114,14 @@ class CheckpointDirectory:
         return complete[-1][0] if complete else None
 
     def save(
-        self, strategy: Strategy, step: int, state: Mapping[str, Any], *, blocking: bool = True
+        self, strategy: Any, step: int, state: Mapping[str, Any], *, blocking: bool = True
     ) -> SaveHandle:
-        """``strategy.save_checkpoint(self.path(step), state, blocking=...)``;
+        """``strategy.save_checkpoint(self.path(step), state, blocking=...)``
+        (``strategy``: a :class:`~phalanx_core.Strategy`);
         once it is complete, rank 0 removes the checkpoints beyond
         :attr:`keep` (:meth:`prune`) and what killed saves left
         (:meth:`clear_partials`). Every rank must call it."""
-        handle = strategy.save_checkpoint(self.path(step), state, blocking=blocking)
+        handle: SaveHandle = strategy.save_checkpoint(self.path(step), state, blocking=blocking)
         if strategy.is_global_zero:
             handle.add_done_callback(lambda _: self._tidy())
         return handle

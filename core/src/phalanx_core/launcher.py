@@ -97,6 +97,17 @@ class Launcher(ABC):
         the script says yes inside its own ranks, where it runs there."""
         return not cls.creates_processes
 
+    @classmethod
+    def started_this_process(cls) -> bool:
+        """Whether this process is a rank that this launcher started (its own
+        rank variables say so). The script resolves its flags again in the
+        rank, where the launcher is ``in_process``; the options given for
+        this launcher (``max_restarts``) were taken by it in the launching
+        process, and the registry accepts them there without a part to take
+        them. Under another launcher (torchrun) they are refused, saying to
+        give them to what started the processes. The default: never."""
+        return False
+
     def runs_in_place(self) -> bool:
         """Whether this process is already one rank of the job (started by
         ``phalanx run``, torchrun, srun, mpirun, or this launcher's own

@@ -39,6 +39,7 @@ from .saving import Agreement, BackgroundSaves, SaveHandle, agreed_failure
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .checkpoint_directory import CheckpointDirectory
     from .collective import Collective
     from .environment import ClusterEnvironment
     from .precision import Precision
@@ -472,14 +473,18 @@ class Strategy(CollectiveCalls):
     ) -> Any:
         """Prepare a ``torch.utils.data.DataLoader`` for this rank.
 
-        With more than one rank and ``use_distributed_sampler``, the loader
-        is rebuilt with a ``DistributedSampler`` so that each rank reads its
-        own share of the dataset (shuffled if the original loader shuffled,
-        with the same seed on every rank; call ``loader.set_epoch(epoch)``
-        each epoch for a new order). With ``move_to_device``, every batch is
-        moved to :attr:`root_device` (:meth:`batch_to_device`). A loader with
-        its own ``batch_sampler`` cannot get a sampler injected: it is refused
-        with what to do, unless ``use_distributed_sampler=False``.
+        With ``use_distributed_sampler``, the loader is rebuilt with
+        phalanx's ``DistributedSampler`` (on one rank too) so that each rank
+        reads its own share of the dataset (shuffled if the original loader
+        shuffled, with the same seed on every rank; call
+        ``loader.set_epoch(epoch)`` each epoch for a new order), and the
+        returned loader keeps its position in the epoch for checkpoints
+        (``state_dict()``, ``load_state_dict()``, ``epoch``: a resume goes on
+        with the rest of the epoch, split over the ranks there are then).
+        With ``move_to_device``, every batch is moved to :attr:`root_device`
+        (:meth:`batch_to_device`). A loader with its own ``batch_sampler``
+        cannot get a sampler injected: it is refused with what to do, unless
+        ``use_distributed_sampler=False``.
         """
         from ._data import distribute_loader
 
@@ -697,6 +702,44 @@ class Strategy(CollectiveCalls):
         if precision_state is not None:
             self.precision.load_state_dict(precision_state)
         return loaded
+
+    @property
+    def restart_count(self) -> int:
+        """How many times the job's ranks were started again after a failure
+        (``max_restarts``): 0 on the first start. Read from the launcher's
+        rank variables (``TORCHELASTIC_RESTART_COUNT``)."""
+        raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return int(raw) if raw.isdigit() else 0
+
+    def resume(
+        self,
+        checkpoints: CheckpointDirectory | str | os.PathLike[str],
+        state: Mapping[str, Any],
+        *,
+        strict: bool = True,
+        weights_only: bool = True,
+    ) -> int:
+        """Go on from the newest complete checkpoint of ``checkpoints`` (a
+        :class:`~phalanx_core.CheckpointDirectory`, or its folder): load it
+        into ``state`` (modules, optimizers, a loader from
+        :meth:`setup_dataloader`, anything with ``load_state_dict``) and
+        return its step; on a first start (no checkpoint yet) load nothing
+        and return 0. Every rank must call it; every rank loads the same
+        checkpoint (rank 0's choice). The rest of the checkpoint is
+        returned by :meth:`load_checkpoint` as usual; here it is dropped,
+        so put what you need back in objects with ``load_state_dict``."""
+        from .checkpoint_directory import CheckpointDirectory
+
+        directory = (
+            checkpoints if isinstance(checkpoints, CheckpointDirectory) else CheckpointDirectory(checkpoints)
+        )
+        found = directory.latest_step() if self.is_global_zero else None
+        if self.world_size > 1:
+            found = self.broadcast_object(found, src=0)
+        if found is None:
+            return 0
+        self.load_checkpoint(directory.path(found), state, strict=strict, weights_only=weights_only)
+        return int(found)
 
     def _to_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         out = {

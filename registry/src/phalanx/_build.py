@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 from phalanx_core import (
+    Launcher,
     MisconfigurationError,
     PluginError,
     Strategy,
@@ -59,7 +60,24 @@ def _target(registry: Catalog, choice: Choice) -> tuple[Entry, type] | None:
     return entry, target
 
 
-def _route(plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]) -> dict[Kind, dict[str, Any]]:
+def _replaced_launcher(registry: Catalog, plan: Plan) -> tuple[str, type[Launcher]] | None:
+    """The launcher the plan's launcher stands in for (the strategy's
+    default, where the processes existed already), and its class."""
+    replaces = plan.launcher.replaces if plan.launcher is not None else None
+    if replaces is None:
+        return None
+    entry = registry.get(Kind.LAUNCHER, replaces)
+    launcher_class: type[Launcher] = entry.load()
+    return entry.name, launcher_class
+
+
+def _name(choice: Choice | None) -> str:
+    return choice.name if choice is not None else "?"
+
+
+def _route(
+    registry: Catalog, plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]
+) -> dict[Kind, dict[str, Any]]:
     """Give each user option to the one part whose constructor takes it."""
     routed: dict[Kind, dict[str, Any]] = {kind: {} for kind in targets}
     takes: dict[Kind, set[str]] = {}
@@ -67,11 +85,22 @@ def _route(plan: Plan, targets: dict[Kind, tuple[Entry, type] | None]) -> dict[K
         if found is not None:
             accepted = _accepted_options(found[1])
             takes[kind] = (accepted if accepted is not None else set()) - set(_GIVEN[kind])
+    replaced = _replaced_launcher(registry, plan)
     for key, value in plan.options.items():
         takers = [kind for kind, names in takes.items() if key in names]
         if len(takers) == 1:
             routed[takers[0]][key] = value
             continue
+        if not takers and replaced is not None and key in (_accepted_options(replaced[1]) or set()):
+            name, launcher_class = replaced
+            if launcher_class.started_this_process():
+                continue  # taken by that launcher, in the process that started this rank
+            raise MisconfigurationError(
+                f"option {key}={value!r} is launcher {name!r}'s, and launcher {name!r} did not start "
+                f"these processes: environment {_name(plan.environment)!r} did (torchrun, or a scheduler), "
+                f"and here launcher {_name(plan.launcher)!r} runs fn in them. Give {key} to what started "
+                "them (torchrun --max-restarts, say), or start the script with phalanx run or python"
+            )
         if not takers:
             accepted_by = "; ".join(
                 f"{kind} {targets[kind][0].name!r} takes {', '.join(sorted(names)) or 'none'}"  # type: ignore[index]
@@ -141,7 +170,7 @@ def build(registry: Catalog, plan: Plan) -> Strategy:
                     f"{found[0].describe()}: its spec gives option(s) {', '.join(map(repr, bad))}, "
                     f"which {found[1].__qualname__} does not take. Fix or uninstall {found[0].owner()}"
                 )
-    options = _route(plan, targets)
+    options = _route(registry, plan, targets)
     accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
     devices = plan.devices
     environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])

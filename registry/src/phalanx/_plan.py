@@ -39,6 +39,9 @@ class Choice:
     provider: Provider | None = None
     instance: Any = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: For a launcher chosen because the processes exist already: the
+    #: (qualified) launcher it stands in for, the strategy's default.
+    replaces: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -62,6 +62,11 @@ def _named(registry: Catalog, kind: Kind, value: Any, reason: str) -> Choice:
     return Choice(kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
 
 
+def _qualified_entry(entry: Entry) -> str:
+    dist = entry.provider.distribution
+    return f"{dist}:{entry.name}" if dist else entry.name
+
+
 def _choice(entry: Entry, reason: str) -> Choice:
     return Choice(entry.kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
 
@@ -281,7 +286,10 @@ def _pick_launcher(registry: Catalog, flag: Any, default: str, environment: Choi
                 f"environment {environment.name!r} already started the processes, but no installed "
                 "launcher runs in existing processes; install phalanx-torch (launcher 'in_process')"
             )
-        return _choice(passive[0], f"environment {environment.name!r} already started one process per rank")
+        return dataclasses.replace(
+            _choice(passive[0], f"environment {environment.name!r} already started one process per rank"),
+            replaces=_qualified_entry(entry),
+        )
     return _choice(entry, "the strategy's default")
 
 

@@ -274,6 +274,15 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None
     }
     options = _options(args.option)
+    if args.max_restarts is not None:
+        if options.get("max_restarts", args.max_restarts) != args.max_restarts:
+            from phalanx_core.errors import MisconfigurationError
+
+            raise MisconfigurationError(
+                f"--max-restarts {args.max_restarts} and --option max_restarts={options['max_restarts']!r} "
+                "disagree; give it once"
+            )
+        options["max_restarts"] = args.max_restarts
     if options:
         given["options"] = options
     _node_variables(args)
@@ -389,6 +398,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective", help="a collective name (default: the strategy's)")
     p.add_argument("--launcher", help="a launcher name (default: the strategy's)")
     p.add_argument("-o", "--option", type=_option, action="append", metavar="NAME=VALUE", help=_OPTION_HELP)
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart every rank of the job up to N times after a rank fails (one node; the "
+        "launcher's max_restarts option; default 0)",
+    )
     p.add_argument(
         "--hang-report",
         type=float,

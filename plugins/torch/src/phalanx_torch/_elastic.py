@@ -35,6 +35,7 @@ from phalanx_core.launching import (
     hosted_store,
     listen_variables,
     root_cause,
+    signal_name,
     warn_died_after_delivery,
     worker_failed,
 )
@@ -162,6 +163,12 @@ class SubprocessLauncher(Launcher):
         ``launch()`` runs ``fn`` in place; no under any other scheduler."""
         return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
 
+    @classmethod
+    def started_this_process(cls) -> bool:
+        """In a rank this launcher's re-run of the script made (torch
+        elastic's variables and this launcher's own)."""
+        return bool(os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get(_LAUNCHER_PID_VAR))
+
     def runs_in_place(self) -> bool:
         """In a torch elastic rank (this launcher's re-run, or torchrun's)."""
         return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
@@ -240,7 +247,14 @@ class SubprocessLauncher(Launcher):
         )
         endpoint = rendezvous.get("rdzv_endpoint")
         watch = _NodeWatch(endpoint, self.node_rank, self.num_nodes, self.rendezvous_timeout)
-        with _variables(variables), _signal_handlers_kept(), watch:
+        who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
+        node = self.node_rank if self.num_nodes > 1 else None
+        with (
+            _variables(variables),
+            _signal_handlers_kept(),
+            watch,
+            _restarts_said(who, self.max_restarts, node),
+        ):
             try:
                 elastic_launch(config, sys.executable)(*command)
             except ChildFailedError as exc:
@@ -503,6 +517,57 @@ def _quiet(prefix: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_rank: int | None) -> None:
+    """Say on stderr which rank failed (phalanx's root-cause rule over every
+    failed rank of this node) and that every rank starts again."""
+    failures = _failures(result, node_rank)
+    what = "a rank failed"
+    if failures:
+        first = root_cause(failures)
+        killed = signal_name(first.exitcode)
+        how = f"killed by {killed}" if killed else f"exit code {first.exitcode}"
+        last = (first.traceback or "").strip().splitlines()[-1:]
+        what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
+    sys.stderr.write(
+        f"{who}: {what}; every rank is stopped and started again (restart {restart} of {max_restarts})\n"
+    )
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _restarts_said(who: str, max_restarts: int, node_rank: int | None) -> Iterator[None]:
+    """While elastic's launch runs: its agent (torch's LocalElasticAgent)
+    says each restart and the rank that caused it (:func:`_say_restart`),
+    where elastic's own log line names the rank its whole-second
+    timestamps make first (often a rank it stopped itself)."""
+    if not max_restarts:
+        yield
+        return
+    from torch.distributed.launcher import api
+
+    launcher_api: Any = api
+    base = launcher_api.LocalElasticAgent
+
+    class SayingAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
+        _last: Any = None
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            self._last = super()._monitor_workers(worker_group)
+            return self._last
+
+        def _restart_workers(self, worker_group: Any) -> None:
+            if self._last is not None:
+                restart = max_restarts - self._remaining_restarts
+                _say_restart(who, self._last, restart, max_restarts, node_rank)
+            super()._restart_workers(worker_group)
+
+    launcher_api.LocalElasticAgent = SayingAgent  # what elastic_launch makes its agent of
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = base
 
 
 @contextlib.contextmanager
