@@ -71,7 +71,7 @@ class TorchCheckpointIO(CheckpointIO):
     fsyncs the directory. A save that fails removes its temporary file; one
     that is killed leaves it, and the previous checkpoint, untouched, and
     the next save to the same path removes it
-    (:func:`clear_stale_partials`).
+    (``clear_stale_partials``).
 
     ``load()`` raises :class:`~phalanx_core.MisconfigurationError`, naming
     the file, for a file that is empty, truncated, damaged, not written by

@@ -66,6 +66,13 @@ class CheckpointDirectory:
         prefix: the name of a checkpoint before its step.
     """
 
+    #: The directory.
+    root: Path
+    #: How many complete checkpoints are kept (``None``: all).
+    keep: int | None
+    #: The name of a checkpoint before its step.
+    prefix: str
+
     def __init__(
         self, root: str | os.PathLike[str], *, keep: int | None = None, prefix: str = "step-"
     ) -> None:

@@ -1,7 +1,7 @@
 """Saving a checkpoint in the background.
 
 ``strategy.save_checkpoint(path, state, blocking=False)`` blocks training
-only while the state is copied into host memory (:class:`HostStager`); a
+only while the state is copied into host memory (``HostStager``); a
 thread of the strategy's own then writes and fsyncs it, with the same
 guarantees as a blocking save (atomic, durable, the previous checkpoint
 whole until the new one is). It returns a :class:`SaveHandle`.
@@ -50,6 +50,9 @@ class SaveHandle:
     :meth:`wait` is collective (every rank calls it); :meth:`done` and
     :meth:`add_done_callback` are this rank's own.
     """
+
+    #: Where the checkpoint goes.
+    path: str
 
     def __init__(self, path: str | os.PathLike[str], future: Future[None], agree: Agreement | None) -> None:
         self.path = os.fspath(path)

@@ -146,7 +146,7 @@ class Strategy(CollectiveCalls):
     #: of them in ``unsupported`` is refused when the strategy is made,
     #: naming it, instead of failing at the first backward pass.
     traffic: ClassVar[frozenset[str]] = frozenset()
-    #: Makes the :attr:`checkpoint_io` of a strategy given none (a plugin's
+    #: Makes the ``checkpoint_io`` of a strategy given none (a plugin's
     #: strategies may read more formats than plain files).
     default_checkpoint_io: ClassVar[type[CheckpointIO]] = TorchCheckpointIO
 
