@@ -141,3 +141,19 @@ def test_carried_variables_are_the_users_settings_not_one_launchs_own():
         "PHALANX_LAUNCH_RESULTS_DIR": "/tmp/r", "RANK": "0", "PATH": "/bin", "XPHALANX_Y": "1",
     }  # fmt: skip
     assert carried_variables(environ) == {"PHALANX_HANG_REPORT": "30", "PHALANX_PLUGINS": "torch"}
+
+
+def test_script_store_hosts_a_loopback_store_unless_the_user_named_another_address(monkeypatch):
+    import socket
+
+    from phalanx_core.launching import script_store
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with script_store() as variables:
+        assert variables["MASTER_ADDR"] == "127.0.0.1" and variables["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        with socket.create_connection(("127.0.0.1", int(variables["MASTER_PORT"])), timeout=5):
+            pass  # the store answers there
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    with script_store() as variables:
+        assert variables == {}

@@ -57,7 +57,14 @@ from ._ranks import (
     run_program,
     write_whole,
 )
-from ._stores import GLOO_INTERFACE_VAR, LOOPBACK, hosted_store, listen_variables, listening_socket
+from ._stores import (
+    GLOO_INTERFACE_VAR,
+    LOOPBACK,
+    hosted_store,
+    listen_variables,
+    listening_socket,
+    script_store,
+)
 
 __all__ = [
     "CAUSE_GRACE",
@@ -83,6 +90,7 @@ __all__ = [
     "carried_variables",
     "rank_variables",
     "root_cause",
+    "script_store",
     "run_program",
     "signal_group",
     "signal_name",

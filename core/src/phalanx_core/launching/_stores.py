@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["GLOO_INTERFACE_VAR", "LOOPBACK", "hosted_store", "listen_variables", "listening_socket"]
@@ -60,3 +62,31 @@ def hosted_store(address: str = LOOPBACK, port: int = 0, **options: Any) -> Any:
     return dist.TCPStore(  # type: ignore[attr-defined]
         address, bound, is_master=True, master_listen_fd=sock.detach(), **options
     )
+
+
+@contextlib.contextmanager
+def script_store() -> Iterator[dict[str, str]]:
+    """For a script run as every rank's program on one node (``phalanx
+    run``): a rendezvous store hosted here on 127.0.0.1 while the job runs,
+    and the variables that send the ranks' torch group to it
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``:
+    rank 0 joins it instead of hosting a ``TCPStore`` of its own, which
+    torch binds to every interface). On the port in ``MASTER_PORT`` where
+    the user set one; nothing where the user set ``MASTER_ADDR`` to an
+    address that is not loopback: the ranks meet there, as torch does it."""
+    from ..network import is_loopback
+
+    address = os.environ.get("MASTER_ADDR")
+    if address and address != "localhost" and not is_loopback(address):
+        yield {}
+        return
+    port = os.environ.get("MASTER_PORT", "")
+    store = hosted_store(LOOPBACK, int(port) if port.isdigit() else 0, wait_for_workers=False)
+    try:
+        yield {
+            "MASTER_ADDR": LOOPBACK,
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    finally:
+        del store

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -30,11 +30,12 @@ from phalanx_core.launching import (
     listen_variables,
     rank_variables,
     run_program,
+    script_store,
     signal_name,
     worker_failed,
     write_whole,
 )
-from phalanx_core.network import interface_of, is_loopback
+from phalanx_core.network import interface_of
 
 from ._hvd import PEER_LOST
 from .environment import HorovodEnvironment
@@ -92,7 +93,7 @@ class HorovodLauncher(Launcher):
     is the loopback one) and a torch gloo group beside it
     (``GLOO_SOCKET_IFNAME``, unless you set it). A script run as every
     rank's program (``phalanx run``) meets at a store this process hosts on
-    127.0.0.1 too (:func:`_script_store`). Horovod 0.28 itself keeps the
+    127.0.0.1 too (:func:`~phalanx_core.launching.script_store`). Horovod 0.28 itself keeps the
     gloo of a job on this host to the interface that has 127.0.0.1 (it
     refuses another in ``network_interfaces``, and sets
     ``HOROVOD_GLOO_IFACE`` in the ranks, over yours).
@@ -211,7 +212,7 @@ class HorovodLauncher(Launcher):
         if self.verbose:
             horovodrun.append("--verbose")
         said: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
-        with _script_store() as store_variables:
+        with script_store() as store_variables:
             env = {**os.environ, **listen_variables(LOOPBACK), **store_variables}
             with subprocess.Popen(
                 [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True, env=env
@@ -236,32 +237,6 @@ class HorovodLauncher(Launcher):
                 exitcode=code,
             )
         raise worker_failed("horovod", failures, size, stopped=_STOPPED)
-
-
-@contextlib.contextmanager
-def _script_store() -> Iterator[dict[str, str]]:
-    """For a script run as every rank's program: a rendezvous store hosted
-    here on 127.0.0.1 while the job runs, and the variables that send a
-    torch group made beside Horovod's to it (``MASTER_ADDR``,
-    ``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``: rank 0 joins it
-    instead of hosting a ``TCPStore`` of its own, which torch binds to every
-    interface). On the port in ``MASTER_PORT`` where you set one. Nothing
-    where you set ``MASTER_ADDR`` to an address that is not loopback: the
-    ranks meet there, as torch does it."""
-    address = os.environ.get("MASTER_ADDR")
-    if address and address != "localhost" and not is_loopback(address):
-        yield {}
-        return
-    port = os.environ.get("MASTER_PORT", "")
-    store = hosted_store(LOOPBACK, int(port) if port.isdigit() else 0, wait_for_workers=False)
-    try:
-        yield {
-            "MASTER_ADDR": LOOPBACK,
-            "MASTER_PORT": str(store.port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-        }
-    finally:
-        del store
 
 
 def _loopback_interface() -> str | None:

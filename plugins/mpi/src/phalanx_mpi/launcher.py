@@ -12,7 +12,7 @@ meet at a ``TCPStore`` this process hosts at ``ADDRESS:PORT`` (127.0.0.1
 only, on a port the kernel gives), as the ``spawn`` launcher does, and
 gloo's own connections are kept on the loopback interface too. A script run
 as every rank's program (``phalanx run``) meets at such a store as well
-(:func:`_script_store`), instead of one its rank 0 would host on every
+(:func:`~phalanx_core.launching.script_store`), instead of one its rank 0 would host on every
 interface.
 
 The failure contract: a rank that raises writes its traceback and exits
@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -52,10 +52,10 @@ from phalanx_core.launching import (
     hosted_store,
     last_tracebacks,
     listen_variables,
+    script_store,
     stop_processes,
     worker_failed,
 )
-from phalanx_core.network import is_loopback
 
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
@@ -187,7 +187,7 @@ class MPIRunLauncher(Launcher):
         """``mpirun -np N python *command``, each line tagged by OpenMPI
         with the rank (``[1,0]<stdout>:``)."""
         command = self._command([sys.executable, *command], tag_output=True)
-        with _script_store() as variables:
+        with script_store() as variables:
             code, report = _run(command, {**_one_node_environment(), **variables})
         if code != 0:
             raise _failure(None, code, report, self.num_processes)
@@ -211,32 +211,6 @@ def _one_node_environment() -> dict[str, str]:
     env = {**os.environ, **listen_variables(LOOPBACK)}
     env.setdefault("OMPI_MCA_btl", "self,vader")
     return env
-
-
-@contextlib.contextmanager
-def _script_store() -> Iterator[dict[str, str]]:
-    """For a script run as every rank's program: a rendezvous store hosted
-    here on 127.0.0.1 while the job runs, and the variables that send the
-    ranks' torch group to it (``MASTER_ADDR``, ``MASTER_PORT``,
-    ``TORCHELASTIC_USE_AGENT_STORE``: rank 0 joins it instead of hosting a
-    ``TCPStore`` of its own, which torch binds to every interface). On the
-    port in ``MASTER_PORT`` where you set one. Nothing where you set
-    ``MASTER_ADDR`` to an address that is not loopback: the ranks meet
-    there, as torch does it."""
-    address = os.environ.get("MASTER_ADDR")
-    if address and address != "localhost" and not is_loopback(address):
-        yield {}
-        return
-    port = os.environ.get("MASTER_PORT", "")
-    store = hosted_store(LOOPBACK, int(port) if port.isdigit() else 0, wait_for_workers=False)
-    try:
-        yield {
-            "MASTER_ADDR": LOOPBACK,
-            "MASTER_PORT": str(store.port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-        }
-    finally:
-        del store
 
 
 def _run(command: list[str], env: dict[str, str]) -> tuple[int, Sequence[tuple[float, str]]]:
