@@ -707,8 +707,11 @@ class Strategy(CollectiveCalls):
     def restart_count(self) -> int:
         """How many times the job's ranks were started again after a failure
         (``max_restarts``): 0 on the first start. Read from the launcher's
-        rank variables (``TORCHELASTIC_RESTART_COUNT``)."""
-        raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        rank variables (``PHALANX_LAUNCH_RESTART_COUNT``, or torch elastic's
+        ``TORCHELASTIC_RESTART_COUNT``)."""
+        from .launching import RESTART_COUNT_VAR
+
+        raw = os.environ.get(RESTART_COUNT_VAR) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return int(raw) if raw.isdigit() else 0
 
     def resume(

@@ -125,3 +125,48 @@ def test_ctrl_c_in_the_launching_process_ends_every_rank(tag, tmp_path):
     err = "".join(errors)
     assert process.returncode != 0
     assert "KeyboardInterrupt" in err, err
+
+
+def train_through_a_killed_actor(strategy, root, kill_at=5):
+    """Trains 8 steps, saving every 2; rank 1's actor process is killed
+    with SIGKILL at step ``kill_at`` of the first attempt. Returns what the
+    last attempt saw."""
+    import torch
+    from torch import nn
+
+    from phalanx_core import CheckpointDirectory
+
+    torch.manual_seed(0)
+    model, optimizer = strategy.setup(nn.Linear(3, 1), lambda p: torch.optim.SGD(p, lr=0.1))
+    checkpoints = CheckpointDirectory(root, keep=2)
+    state = {"model": model, "optimizer": optimizer}
+    step = start = strategy.resume(checkpoints, state)
+    x = torch.ones(4, 3)
+    while step < 8:
+        step += 1
+        if step == kill_at and strategy.restart_count == 0 and strategy.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        strategy.backward(model(x).pow(2).mean())
+        strategy.optimizer_step(optimizer)
+        if step % 2 == 0:
+            checkpoints.save(strategy, step, state)
+    return strategy.restart_count, start, step, [p.detach().clone() for p in model.parameters()]
+
+
+def test_with_max_restarts_a_killed_actor_is_replaced_and_the_job_finishes(tag, tmp_path, capfd):
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="ray", max_restarts=1)
+    results = strategy.launch(train_through_a_killed_actor, str(tmp_path / "restarted"))
+    assert [r[:3] for r in results] == [(1, 4, 8), (1, 4, 8)]  # resumed from step 4's checkpoint
+    said = capfd.readouterr().err
+    assert "launcher 'ray': rank 1 failed (its actor's process died: killed, or crashed)" in said
+    assert "every rank is stopped and started again, placed anew (restart 1 of 1)" in said
+    plain = phalanx.resolve("ddp", accelerator="cpu", devices=2, launcher="ray")
+    uninterrupted = plain.launch(train_through_a_killed_actor, str(tmp_path / "plain"), kill_at=0)
+    assert all(torch_equal(a, b) for a, b in zip(results[0][3], uninterrupted[0][3], strict=True))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

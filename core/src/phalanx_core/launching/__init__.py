@@ -46,6 +46,7 @@ from ._processes import CAUSE_GRACE, STOP_GRACE, check_count, signal_group, stop
 from ._ranks import (
     LAUNCH_PRIVATE_PREFIX,
     RANK_MACHINERY,
+    RESTART_COUNT_VAR,
     carried_variables,
     die_with_parent,
     dumps_result,
@@ -73,6 +74,7 @@ __all__ = [
     "GLOO_INTERFACE_VAR",
     "LOOPBACK",
     "PEER_LOST_MARKS",
+    "RESTART_COUNT_VAR",
     "RANK_MACHINERY",
     "STOP_GRACE",
     "RankFailure",

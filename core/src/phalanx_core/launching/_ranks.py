@@ -34,6 +34,7 @@ def is_rank_machinery(frame: Any) -> bool:
 __all__ = [
     "LAUNCH_PRIVATE_PREFIX",
     "RANK_MACHINERY",
+    "RESTART_COUNT_VAR",
     "carried_variables",
     "die_with_parent",
     "dumps_result",
@@ -54,6 +55,11 @@ __all__ = [
 #: to a launch of their own. Every other ``PHALANX_*`` variable is the
 #: user's setting and is carried (:func:`carried_variables`).
 LAUNCH_PRIVATE_PREFIX = "PHALANX_LAUNCH_"
+
+#: How many times a launcher started the job's ranks again after a failure
+#: (``strategy.restart_count`` reads it; torch elastic's ranks have
+#: ``TORCHELASTIC_RESTART_COUNT`` instead).
+RESTART_COUNT_VAR = "PHALANX_LAUNCH_RESTART_COUNT"
 
 
 def carried_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -59,10 +59,11 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from phalanx_core import Launcher, MisconfigurationError, UnavailableError
+from phalanx_core import Launcher, MisconfigurationError, UnavailableError, WorkerFailedError
 from phalanx_core.launching import (
     CAUSE_GRACE,
     LOOPBACK,
+    RESTART_COUNT_VAR,
     RankFailure,
     carried_variables,
     check_count,
@@ -100,6 +101,10 @@ class RayLauncher(Launcher):
             directory to a cluster it joined, unless this names one.
         placement_timeout: seconds to wait for resources that the cluster
             has but that are in use (60).
+        max_restarts: how many times a failed job (a rank that raised, an
+            actor killed, a node lost) is started again: every actor is
+            killed and new ones are placed on what the cluster has then
+            (default 0). ``strategy.restart_count`` tells the ranks.
     """
 
     is_interactive_compatible: ClassVar[bool] = True
@@ -116,6 +121,7 @@ class RayLauncher(Launcher):
         cpus_per_rank: float = 1,
         runtime_env: dict[str, Any] | None = None,
         placement_timeout: float = 60.0,
+        max_restarts: int = 0,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
         check_count("ray", "num_processes", num_processes)
@@ -146,6 +152,10 @@ class RayLauncher(Launcher):
             raise MisconfigurationError(
                 f"{_TAG}: placement_timeout={placement_timeout!r}; expected seconds, more than 0"
             )
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise MisconfigurationError(
+                f"{_TAG}: max_restarts={max_restarts!r}; expected an int of at least 0"
+            )
         device = getattr(accelerator, "name", "cpu")
         if device not in ("cpu", "cuda"):
             raise MisconfigurationError(
@@ -159,6 +169,7 @@ class RayLauncher(Launcher):
         self.cpus_per_rank = float(cpus_per_rank)
         self.runtime_env = dict(runtime_env or {})
         self.placement_timeout = float(placement_timeout)
+        self.max_restarts = max_restarts
         self._job: _Job | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -189,13 +200,23 @@ class RayLauncher(Launcher):
     def launch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> list[T]:
         if self.runs_in_place():  # a rank of a script this launcher runs: here
             return self.placed(fn(*args, **kwargs))  # type: ignore[return-value]
-        job = self._job if self._job is not None else _Job(self, script=False)
-        try:
-            results = job.run("run", job.put((fn, args, kwargs)))
-        except BaseException:
-            self._job = None
-            job.close()
-            raise
+        restart = 0
+        while True:
+            job = self._job if self._job is not None else _Job(self, script=False, restart=restart)
+            try:
+                results = job.run("run", job.put((fn, args, kwargs)))
+                break
+            except WorkerFailedError as exc:
+                self._job = None
+                job.close()
+                if restart >= self.max_restarts:
+                    raise
+                restart += 1
+                _say_restart(exc, restart, self.max_restarts)
+            except BaseException:
+                self._job = None
+                job.close()
+                raise
         if not self.keep_alive:
             job.close()
         elif self._job is None:
@@ -210,11 +231,17 @@ class RayLauncher(Launcher):
         the actors run in this directory."""
         if not command:
             raise MisconfigurationError("phalanx run: name the script to run (or -m module)")
-        job = _Job(self, script=True)
-        try:
-            job.run("run_script", job.command(list(command)), job.cwd)
-        finally:
-            job.close()
+        for restart in range(self.max_restarts + 1):
+            job = _Job(self, script=True, restart=restart)
+            try:
+                job.run("run_script", job.command(list(command)), job.cwd)
+                return
+            except WorkerFailedError as exc:
+                if restart >= self.max_restarts:
+                    raise
+                _say_restart(exc, restart + 1, self.max_restarts)
+            finally:
+                job.close()
 
     def teardown(self) -> None:
         """End the warm ranks (``keep_alive``) and what their job holds."""
@@ -302,10 +329,29 @@ class _Cluster:
             ray.shutdown()  # stops a local instance; only leaves a cluster joined
 
 
+def _say_restart(failure: WorkerFailedError, restart: int, max_restarts: int) -> None:
+    """Say on stderr which rank failed and that every rank starts again, in
+    a new placement group on what the cluster has now."""
+    first = failure.failures[0] if failure.failures else None
+    if failure.signal:
+        how = f"killed by {failure.signal}"
+    elif first is not None and first.died:
+        how = "its actor's process died: killed, or crashed"
+    else:
+        how = f"exit code {failure.exitcode}"
+    last = (failure.traceback or "").strip().splitlines()[-1:]
+    sys.stderr.write(
+        f"{_TAG}: rank {failure.rank} failed ({how}{': ' + last[0] if last else ''}); every rank is stopped "
+        f"and started again, placed anew (restart {restart} of {max_restarts})\n"
+    )
+    sys.stderr.flush()
+
+
 class _Job:
-    def __init__(self, launcher: RayLauncher, *, script: bool) -> None:
+    def __init__(self, launcher: RayLauncher, *, script: bool, restart: int = 0) -> None:
         import ray
 
+        self.restart = restart
         self.launcher = launcher
         self.id = uuid.uuid4().hex
         self.size = launcher.num_processes * launcher.num_nodes
@@ -422,7 +468,12 @@ class _Job:
         # that made this process a rank (PHALANX_LAUNCH_*): Ray's actors are
         # ranks of this launch, not of that one.
         carried = carried_variables()
-        common = {**carried, JOB_VAR: self.id, NODES_VAR: str(launcher.num_nodes)}
+        common = {
+            **carried,
+            JOB_VAR: self.id,
+            NODES_VAR: str(launcher.num_nodes),
+            RESTART_COUNT_VAR: str(self.restart),
+        }
         if launcher.num_nodes == 1:
             # Every rank on one node: gloo on loopback, as the store, unless
             # the user chose its interface (here; a local instance's actors
