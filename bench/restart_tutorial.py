@@ -70,7 +70,9 @@ class MyTrainDataset(Dataset):
     def __init__(self, size: int, seed: int = 0) -> None:
         self.size = size
         generator = torch.Generator().manual_seed(seed)
-        self.data = [(torch.rand(20, generator=generator), torch.rand(1, generator=generator)) for _ in range(size)]
+        self.data = [
+            (torch.rand(20, generator=generator), torch.rand(1, generator=generator)) for _ in range(size)
+        ]
 
     def __len__(self) -> int:
         return self.size

@@ -41,6 +41,7 @@ This prints; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -101,10 +102,8 @@ def kill_marked(value: str) -> int:
     """SIGKILL every process of ``value``; the number found."""
     pids = marked(value)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return len(pids)
 
 
@@ -132,7 +131,9 @@ def first_after(events: dict[int, list[tuple[str, int, int, int, float]]], kind:
     return max(times)
 
 
-def run_once(name: str, root: Path, pycache: Path, timeout: float, index: int, keep: Path | None) -> dict[str, Any]:
+def run_once(
+    name: str, root: Path, pycache: Path, timeout: float, index: int, keep: Path | None
+) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix=f"run{index}-", dir=root))
     logs = folder / "logs"
     tmp = folder / "tmp"
@@ -155,7 +156,9 @@ def run_once(name: str, root: Path, pycache: Path, timeout: float, index: int, k
     ]
     with open(folder / "output", "wb") as out:
         start = time.monotonic()
-        proc = subprocess.Popen(argv, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, cwd=folder, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -170,7 +173,8 @@ def run_once(name: str, root: Path, pycache: Path, timeout: float, index: int, k
     kill_file = logs / "kill"
     killed = float(kill_file.read_text().split()[0]) if kill_file.exists() else None
     finished = all(
-        any(k == "epoch" and epoch == EPOCHS - 1 for k, _, epoch, _, _ in events.get(rank, [])) for rank in (0, 1)
+        any(k == "epoch" and epoch == EPOCHS - 1 for k, _, epoch, _, _ in events.get(rank, []))
+        for rank in (0, 1)
     )
     restart = first_after(events, "start")
     step = first_after(events, "step")
@@ -234,12 +238,16 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
             return "-"
         return f"{spread['median']:.2f} / {spread['max']:.2f} (n={spread['n']})"
 
-    rows.append(("kill to restart, s (median / max)", *(cell(s["kill_to_restart"]) for s in summaries.values())))
-    rows.append(("kill to next step, s (median / max)", *(cell(s["kill_to_step"]) for s in summaries.values())))
+    rows.append(
+        ("kill to restart, s (median / max)", *(cell(s["kill_to_restart"]) for s in summaries.values()))
+    )
+    rows.append(
+        ("kill to next step, s (median / max)", *(cell(s["kill_to_step"]) for s in summaries.values()))
+    )
     rows.append(("wall per run, s (median / max)", *(cell(s["wall"]) for s in summaries.values())))
     rows.append(("processes left behind", *(str(s["left_behind"]) for s in summaries.values())))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
@@ -248,17 +256,15 @@ def leftovers() -> list[str]:
     """``ps`` lines of any process still running the workload or carrying a run's mark."""
     ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args"], capture_output=True, text=True).stdout
     pids = set(marked(f"{os.getpid()}-"))
-    return [
-        line
-        for line in ps.splitlines()[1:]
-        if SCRIPT.name in line or int(line.split()[0]) in pids
-    ]
+    return [line for line in ps.splitlines()[1:] if SCRIPT.name in line or int(line.split()[0]) in pids]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per launcher (default 20)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a run is a hang (default 120)")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds before a run is a hang (default 120)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed pairs of runs first (default 1)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON, every run included")
     parser.add_argument("--keep", type=Path, help="copy every run's folder (output, logs) here")
