@@ -141,6 +141,8 @@ class TorchCollective(Collective):
                 # set-up after a teardown under torchrun) meets the same
                 # store: a fresh prefix keeps it from reading the last one's keys.
                 self._prefix = f"phalanx/{next(_SETUPS)}"
+                if size > 1:
+                    _await_arrivals(store, self._prefix, rank, size, timeout)
                 if self.plan_facts is not None and size > 1:
                     seen_as = self._check_plan(store, environment, backend, network)
                     if network is not None and network.interface is None and seen_as:
@@ -580,3 +582,18 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
     "product": dist.ReduceOp.PRODUCT,
 }
+
+
+#: Seconds set-up waits for every rank to arrive, at the least: the ranks
+#: of a job start seconds apart on a loaded machine, and the collective's
+#: ``timeout`` bounds its operations, not the start of the processes.
+ARRIVAL_WAIT = 120.0
+
+
+def _await_arrivals(store: Any, prefix: str, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    """Wait until every rank has reached set-up (up to ``ARRIVAL_WAIT`` s,
+    or the collective's timeout where that is longer), so that the group's
+    own connections, bounded by the collective's timeout, start together."""
+    wait = datetime.timedelta(seconds=max(ARRIVAL_WAIT, timeout.total_seconds()))
+    store.set(f"{prefix}/arrived/{rank}", "1")
+    store.wait([f"{prefix}/arrived/{r}" for r in range(size)], wait)
