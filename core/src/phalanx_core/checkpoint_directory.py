@@ -76,6 +76,10 @@ class CheckpointDirectory:
     def __init__(
         self, root: str | os.PathLike[str], *, keep: int | None = None, prefix: str = "step-"
     ) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise MisconfigurationError(
+                f"CheckpointDirectory({root!r}): give the directory's path (a str or a pathlib.Path)"
+            )
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise MisconfigurationError(
                 f"CheckpointDirectory(keep={keep!r}): give how many complete checkpoints to keep (1 or "

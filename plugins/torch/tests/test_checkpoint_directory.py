@@ -101,6 +101,8 @@ def test_what_killed_saves_left_is_cleared_and_nothing_else(tmp_path):
 def test_bad_arguments_say_what_to_give(tmp_path, arguments, message):
     with pytest.raises(MisconfigurationError, match=message):
         CheckpointDirectory(tmp_path, **arguments)
+    with pytest.raises(MisconfigurationError, match=r"CheckpointDirectory\(3\): give the directory's path"):
+        CheckpointDirectory(3)  # type: ignore[arg-type]
     with pytest.raises(MisconfigurationError, match=r"a step is an int, 0 or more"):
         CheckpointDirectory(tmp_path).path(-1)
 
