@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import phalanx
 from phalanx_core import MisconfigurationError
@@ -94,4 +95,26 @@ def test_ranks_waiting_in_different_calls_are_told_so(tmp_path):
         r"phalanx: ranks \[\d\] wait in (barrier|all_reduce); the ranks that have not arrived:", err
     )
     assert "the ranks wait in different calls: every rank makes the strategy's calls in the same order" in err
-    assert "(a save or an evaluation under `if rank == 0:`)" in err
+    assert "(a save or an evaluation under `if rank == 0:`, or under a decision made from one rank's" in err
+    assert (
+        "`improved = strategy.broadcast(improved)` (rank 0's), or `strategy.all_reduce(tensor, op='max')`"
+        in err
+    )
+
+
+def decide_on_rank_0_then_save(strategy, path):
+    improved = strategy.global_rank == 0  # one rank's numbers: the others think otherwise
+    improved = strategy.broadcast(improved)  # the documented one-liner: rank 0's decision everywhere
+    if improved:
+        strategy.save_checkpoint(path, {"step": 1})  # every rank calls it: no hang
+    stop = strategy.all_reduce(torch.tensor(float(strategy.global_rank == 1)), op="max").item() > 0
+    return improved, stop
+
+
+def test_a_decision_made_every_ranks_with_broadcast_or_a_reduction_steers_every_rank_alike(tmp_path):
+    strategy = phalanx.resolve("ddp_fork", accelerator="cpu", devices=2, timeout=30)
+    assert strategy.launch(decide_on_rank_0_then_save, str(tmp_path / "best.pt")) == [
+        (True, True),
+        (True, True),
+    ]
+    assert (tmp_path / "best.pt").is_file()

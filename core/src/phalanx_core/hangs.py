@@ -223,8 +223,10 @@ class HangWatch:
         elif any(s is not None and s[2] not in ("-", operation) for s in states.values()):
             lines.append(
                 "  the ranks wait in different calls: every rank makes the strategy's calls in the same "
-                "order, and a call made on some ranks only (a save or an evaluation under `if rank == 0:`) "
-                "waits for the others forever"
+                "order, and a call made on some ranks only (a save or an evaluation under `if rank == 0:`, "
+                "or under a decision made from one rank's numbers) waits for the others forever; make such "
+                "a decision every rank's first: `improved = strategy.broadcast(improved)` (rank 0's), or "
+                "`strategy.all_reduce(tensor, op='max')`"
             )
         self._print("\n".join(lines))
 
