@@ -19,7 +19,7 @@ from phalanx_core.testing.processes import run_tagged
 
 pytestmark = pytest.mark.subprocess
 
-JOB = Path(__file__).parent / "jobs" / "listening.py"
+JOB = "phalanx.testing.listening_job"  # python -m
 JOBS = {"horovod": {"strategy": "horovod"}, "ddp-torch": {"strategy": "ddp", "collective": "torch"}}
 
 
@@ -27,12 +27,12 @@ def job_sockets(way: str, flags: dict, cwd: Path) -> list[tuple[int, str, int, s
     """Every (pid, address, port, command) the job's processes listen on."""
     flags = {"accelerator": "cpu", "devices": 2, "launcher": "horovod", **flags}
     if way == "launch":
-        command = [sys.executable, str(JOB), "launch", json.dumps(flags)]
+        command = [sys.executable, "-m", JOB, "launch", json.dumps(flags)]
     else:
         command = [sys.executable, "-m", "phalanx", "run"]
         for name, value in flags.items():
             command += [f"--{name}", str(value)]
-        command.append(str(JOB))
+        command += ["-m", JOB]
     done = run_tagged(command, timeout=180, cwd=cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     reports = [line.split("SOCKETS ", 1)[1] for line in done.stdout.splitlines() if "SOCKETS " in line]

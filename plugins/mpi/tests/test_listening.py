@@ -25,7 +25,7 @@ from phalanx_core.testing.processes import run_tagged
 
 pytestmark = pytest.mark.subprocess
 
-JOB = Path(__file__).parent / "jobs" / "listening.py"
+JOB = "phalanx.testing.listening_job"  # python -m
 #: The names Open MPI's launcher goes by.
 MPIRUN = {"mpirun", "mpiexec", "orterun", "prterun", "prte"}
 FLAGS = {"strategy": "ddp", "accelerator": "cpu", "devices": 2, "launcher": "mpirun"}
@@ -35,12 +35,12 @@ def job_sockets(way: str, collective: str, cwd: Path) -> list[tuple[int, str, in
     """Every (pid, address, port, command) the job's processes listen on."""
     flags = {**FLAGS, "collective": collective}
     if way == "launch":
-        command = [sys.executable, str(JOB), "launch", json.dumps(flags)]
+        command = [sys.executable, "-m", JOB, "launch", json.dumps(flags)]
     else:
         command = [sys.executable, "-m", "phalanx", "run"]
         for name, value in flags.items():
             command += [f"--{name.replace('_', '-')}", str(value)]
-        command.append(str(JOB))
+        command += ["-m", JOB]
     done = run_tagged(command, timeout=120, cwd=cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     reports = [line.split("SOCKETS ", 1)[1] for line in done.stdout.splitlines() if "SOCKETS " in line]
