@@ -184,10 +184,15 @@ def multihost(session: nox.Session) -> None:
     with :mod:`phalanx_core.testing.hosts`): ``phalanx run`` and ``torchrun``
     on two hosts, failures, plan mismatches and checkpoints across them,
     ``mpirun`` with an rsh agent that enters the namespaces, and a Slurm
-    cluster with a slurmd per host. Needs root; installs iproute2, OpenMPI
-    and Slurm. The tests make and remove the namespaces themselves."""
-    apt_install(session, "iproute2", "openmpi-bin", "slurmd", "slurmctld", "slurm-client", "munge")
-    session.install("mpi4py>=3.1")
+    cluster with a slurmd per host; jobs that survive a lost host, with the
+    rendezvous on node 0 and in an etcd cluster (a member per host). Needs
+    root; installs iproute2, OpenMPI, Slurm and etcd (Debian's etcd-server
+    3.4, and the python-etcd client torch's etcd rendezvous uses). The
+    tests make and remove the namespaces themselves."""
+    apt_install(
+        session, "iproute2", "openmpi-bin", "slurmd", "slurmctld", "slurm-client", "munge", "etcd-server"
+    )
+    session.install("mpi4py>=3.1", "python-etcd>=0.4.5")
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     install_packages(session)
     session.install("pytest>=8")

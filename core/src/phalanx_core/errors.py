@@ -180,3 +180,18 @@ class WorkerFailedError(PhalanxError, RuntimeError):
     def exit_status(self) -> int:
         """The status to exit with: the rank's exit code, or 1."""
         return self.exitcode if isinstance(self.exitcode, int) and self.exitcode > 0 else 1
+
+
+class NodeLostError(WorkerFailedError):
+    """A node of a launched job was lost (its launching process, or its
+    host) in a way the job cannot survive: the node that held the job's
+    rendezvous store, where the store was on a node. ``node`` is that node,
+    ``address`` where its store was. ``rank`` is -1: no rank of this node
+    failed."""
+
+    def __init__(self, message: str, *, node: int, address: str) -> None:
+        super().__init__(message, rank=-1, node=node)
+        self.address = address
+
+    def first_failure(self) -> str:
+        return str(self).rstrip(".")

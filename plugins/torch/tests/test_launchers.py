@@ -586,8 +586,18 @@ def test_script_mode_refuses_what_is_not_a_script():
 def test_subprocess_options_are_checked(monkeypatch):
     with pytest.raises(MisconfigurationError, match=r"node_rank=2 is not a node of num_nodes=2"):
         SubprocessLauncher(num_nodes=2, node_rank=2)
-    with pytest.raises(MisconfigurationError, match=r"max_restarts=1 with num_nodes=2"):
-        SubprocessLauncher(num_nodes=2, node_rank=0, max_restarts=1)
+    assert SubprocessLauncher(num_nodes=2, node_rank=0, max_restarts=1).elastic  # restarts on every node
+    assert not SubprocessLauncher(num_nodes=2, node_rank=0).elastic
+    assert SubprocessLauncher(num_nodes=3, node_rank=0, min_nodes=2).elastic
+    with pytest.raises(MisconfigurationError, match=r"min_nodes=4; expected an int from 1 to num_nodes=3"):
+        SubprocessLauncher(num_nodes=3, node_rank=0, min_nodes=4)
+    with pytest.raises(MisconfigurationError, match=r"rendezvous='zk://a:1'; give 'c10d'.* or 'etcd://"):
+        SubprocessLauncher(num_nodes=2, node_rank=0, rendezvous="zk://a:1")
+    with pytest.raises(MisconfigurationError, match=r"rendezvous='etcd://a:1/x' with num_nodes=1"):
+        SubprocessLauncher(rendezvous="etcd://a:1/x")
+    etcd = SubprocessLauncher(num_nodes=2, node_rank=1, rendezvous="etcd://a,b:2400/job7")
+    assert etcd.elastic
+    assert etcd._place().endpoints == (("a", 2379), ("b", 2400)) and etcd._place().name == "job7"
     with pytest.raises(MisconfigurationError, match=r"max_restarts=-1"):
         SubprocessLauncher(max_restarts=-1)
     monkeypatch.setenv("NODE_RANK", "2")

@@ -262,6 +262,28 @@ def _listens(registry: Registry, plan: Any) -> str | None:
 _RUN_FLAGS = ("strategy", "accelerator", "devices", "num_nodes", "precision", "collective")
 
 
+def _node_count(text: str) -> int | tuple[int, int]:
+    """``--num-nodes``: N, or MIN:MAX."""
+    low, colon, high = text.partition(":")
+    try:
+        counts = (int(low), int(high)) if colon else (int(low), int(low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of nodes, or MIN:MAX (2:4)") from None
+    if not 1 <= counts[0] <= counts[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 <= MIN <= MAX, as in 2:4")
+    return counts if colon else counts[0]
+
+
+def _give_option(options: dict[str, Any], name: str, value: Any, flag: str) -> None:
+    """A flag that sets the launcher's option ``name``; refused where
+    ``--option`` gave another value."""
+    if options.get(name, value) != value:
+        from phalanx_core.errors import MisconfigurationError
+
+        raise MisconfigurationError(f"{flag} and --option {name}={options[name]!r} disagree; give it once")
+    options[name] = value
+
+
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     if not args.module and not os.path.isfile(args.script):
         from phalanx_core.errors import MisconfigurationError
@@ -274,15 +296,15 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None
     }
     options = _options(args.option)
+    if isinstance(args.num_nodes, tuple):  # MIN:MAX
+        given["num_nodes"] = args.num_nodes[1]
+        _give_option(
+            options, "min_nodes", args.num_nodes[0], f"--num-nodes {args.num_nodes[0]}:{args.num_nodes[1]}"
+        )
+    if args.rendezvous is not None:
+        _give_option(options, "rendezvous", args.rendezvous, f"--rendezvous {args.rendezvous}")
     if args.max_restarts is not None:
-        if options.get("max_restarts", args.max_restarts) != args.max_restarts:
-            from phalanx_core.errors import MisconfigurationError
-
-            raise MisconfigurationError(
-                f"--max-restarts {args.max_restarts} and --option max_restarts={options['max_restarts']!r} "
-                "disagree; give it once"
-            )
-        options["max_restarts"] = args.max_restarts
+        _give_option(options, "max_restarts", args.max_restarts, f"--max-restarts {args.max_restarts}")
     if options:
         given["options"] = options
     _node_variables(args)
@@ -390,7 +412,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", help="a strategy name (default: 'auto')")
     p.add_argument("--accelerator", help="an accelerator name (default: 'auto')")
     p.add_argument("--devices", type=_devices, help="devices per node: N, -1, 'auto' or '0,2'")
-    p.add_argument("--num-nodes", type=int, help="the number of nodes (default 1)")
+    p.add_argument(
+        "--num-nodes",
+        type=_node_count,
+        metavar="N|MIN:MAX",
+        help="the number of nodes (default 1), or MIN:MAX: a job that goes on with at least MIN "
+        "nodes after a restart and takes in nodes that join, up to MAX (with --max-restarts)",
+    )
+    p.add_argument(
+        "--rendezvous",
+        metavar="URL",
+        help="where several nodes meet: c10d (default; node 0 hosts the store at --main-address) or "
+        "etcd://HOST:PORT,HOST:PORT/NAME (an etcd cluster: losing any node, node 0's too, leaves "
+        "the job running; the launcher's rendezvous option)",
+    )
     p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
     p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
     p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
@@ -402,8 +437,8 @@ def _parser() -> argparse.ArgumentParser:
         "--max-restarts",
         type=int,
         metavar="N",
-        help="restart every rank of the job up to N times after a rank fails (one node; the "
-        "launcher's max_restarts option; default 0)",
+        help="restart every rank of the job, on every node, up to N times after a rank fails or "
+        "a node is lost (the launcher's max_restarts option; default 0)",
     )
     p.add_argument(
         "--hang-report",

@@ -50,7 +50,8 @@ def listening_socket(address: str, port: int = 0) -> socket.socket:
 
 def hosted_store(address: str = LOOPBACK, port: int = 0, **options: Any) -> Any:
     """A ``torch.distributed.TCPStore`` server listening on ``address:port``
-    only (port 0: one the kernel gives; read it from ``store.port``), with
+    only (``""``: every interface; port 0: one the kernel gives; read it
+    from ``store.port``), with
     the other ``TCPStore`` options given. torch's own ``TCPStore(host, 0,
     is_master=True)`` listens on every interface whatever ``host`` says;
     this one does not. Imports torch when called."""
@@ -58,9 +59,11 @@ def hosted_store(address: str = LOOPBACK, port: int = 0, **options: Any) -> Any:
 
     sock = listening_socket(address, port)
     bound = sock.getsockname()[1]
-    # The store owns the socket from here on, and closes it when it goes.
+    # The store owns the socket from here on, and closes it when it goes;
+    # its own client connects to the address (loopback for "", every
+    # interface).
     return dist.TCPStore(  # type: ignore[attr-defined]
-        address, bound, is_master=True, master_listen_fd=sock.detach(), **options
+        address or LOOPBACK, bound, is_master=True, master_listen_fd=sock.detach(), **options
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from typing import Any
 
 import torch.distributed as dist
@@ -34,7 +35,9 @@ def compare_plans(
     if environment.local_rank == 0:
         plans.set(f"node{environment.node_rank}", json.dumps({"facts": facts, "seen_as": seen_as}))
     if environment.global_rank == 0:
-        nodes = int(facts.get("nodes", "1"))
+        # The nodes of this round where torch elastic started the ranks (a
+        # job of MIN:MAX nodes may have fewer than its plan's most).
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE") or facts.get("nodes", "1"))
         posts = {n: json.loads(plans.get(f"node{n}")) for n in range(nodes)}
         error = plan_mismatch({n: post["facts"] for n, post in posts.items()})
         seen = sorted({post["seen_as"] for post in posts.values() if post["seen_as"]})

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
+from phalanx_core import Launcher, MisconfigurationError, NodeLostError, WorkerFailedError
 
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
@@ -45,10 +46,13 @@ from ._ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
     _LAUNCHES,
+    MIN_NODES_VAR,
     RESULTS_DIR_VAR,
     T,
     _run_here,
 )
+from ._rounds import KEEP_ALIVE, MET, RendezvousPlace, job_store, parse_rendezvous
+from ._rounds import register as register_rounds
 
 __all__ = ["SubprocessLauncher"]
 
@@ -76,8 +80,23 @@ class SubprocessLauncher(Launcher):
     Options:
         node_rank: this node's rank; default the environment's
             ``node_rank`` (``NODE_RANK``), else 0.
-        max_restarts: how many times elastic restarts the ranks of this node
-            after a failure before ``launch`` raises (default 0).
+        max_restarts: how many times the job's ranks are stopped and
+            started again after a failure before ``launch`` raises
+            (default 0); on several nodes every node stops its ranks and
+            the nodes meet in a new round, and the count is the job's.
+        min_nodes: on several nodes, the fewest nodes a round may have
+            (default ``num_nodes``, which is then the most): a job of
+            ``min_nodes .. num_nodes`` nodes (``phalanx run --num-nodes
+            MIN:MAX``) goes on without a lost node after a restart, and
+            takes in a node that joins at the next round.
+        rendezvous: where the nodes meet on several nodes: ``"c10d"``
+            (default; a store that node 0's launching process hosts at the
+            main address and port) or ``"etcd://HOST:PORT,HOST:PORT/NAME"``
+            (an etcd cluster with its v2 API: no node is then a single
+            point of failure).
+        last_call: seconds a round that has ``min_nodes`` waits for more
+            nodes before it starts (default 3; only where ``min_nodes`` is
+            below ``num_nodes``).
         monitor_interval: seconds between elastic's checks of the ranks.
         rendezvous_timeout: seconds to wait for every node to join.
 
@@ -104,6 +123,9 @@ class SubprocessLauncher(Launcher):
         num_nodes: int = 1,
         node_rank: int | None = None,
         max_restarts: int = 0,
+        min_nodes: int | None = None,
+        rendezvous: str | None = None,
+        last_call: float = 3.0,
         monitor_interval: float = 0.1,
         rendezvous_timeout: float = 900.0,
     ) -> None:
@@ -123,14 +145,20 @@ class SubprocessLauncher(Launcher):
             raise MisconfigurationError(
                 f"launcher 'subprocess': max_restarts={max_restarts!r}; expected an int of at least 0"
             )
-        if max_restarts and num_nodes > 1:
+        if min_nodes is None:
+            min_nodes = num_nodes
+        if not isinstance(min_nodes, int) or isinstance(min_nodes, bool) or not 1 <= min_nodes <= num_nodes:
             raise MisconfigurationError(
-                f"launcher 'subprocess': max_restarts={max_restarts} with num_nodes={num_nodes}: a "
-                "restart would start this node's ranks again while the other nodes' ranks go on, "
-                "in a world that no longer exists; restart whole jobs with the scheduler instead "
-                "(max_restarts=0), or use max_restarts on one node"
+                f"launcher 'subprocess': min_nodes={min_nodes!r}; expected an int from 1 to "
+                f"num_nodes={num_nodes} (the most nodes), as in --num-nodes "
+                f"{max(1, num_nodes - 1)}:{num_nodes}"
+            )
+        if rendezvous is not None and not isinstance(rendezvous, str):
+            raise MisconfigurationError(
+                f"launcher 'subprocess': rendezvous={rendezvous!r}; give 'c10d' or 'etcd://HOST:PORT,.../NAME'"
             )
         for name, value in (
+            ("last_call", last_call),
             ("monitor_interval", monitor_interval),
             ("rendezvous_timeout", rendezvous_timeout),
         ):
@@ -140,6 +168,16 @@ class SubprocessLauncher(Launcher):
                 )
         self.node_rank = node_rank
         self.max_restarts = max_restarts
+        self.min_nodes = min_nodes
+        self.rendezvous = rendezvous
+        self.last_call = float(last_call)
+        if num_nodes == 1 and rendezvous not in (None, "c10d"):
+            raise MisconfigurationError(
+                f"launcher 'subprocess': rendezvous={rendezvous!r} with num_nodes=1: one node meets "
+                "no other (its store is on 127.0.0.1); give num_nodes, or leave rendezvous out"
+            )
+        if rendezvous is not None:
+            self._place()  # checks the address now
         self.monitor_interval = float(monitor_interval)
         self.rendezvous_timeout = float(rendezvous_timeout)
 
@@ -227,9 +265,12 @@ class SubprocessLauncher(Launcher):
             newer["shutdown_timeout"] = STOP_GRACE
         rendezvous = self._rendezvous()
         gloo = listen_variables(rendezvous.pop("listen"))
+        min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
         variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
+        if self.elastic:
+            variables[MIN_NODES_VAR] = str(min_nodes)
         config = LaunchConfig(
-            min_nodes=self.num_nodes,
+            min_nodes=min_nodes,
             max_nodes=self.num_nodes,
             nproc_per_node=self.num_processes,
             role="phalanx",
@@ -245,18 +286,21 @@ class SubprocessLauncher(Launcher):
             **newer,
             **rendezvous,
         )
-        endpoint = rendezvous.get("rdzv_endpoint")
-        watch = _NodeWatch(endpoint, self.node_rank, self.num_nodes, self.rendezvous_timeout)
+        watch = _NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         node = self.node_rank if self.num_nodes > 1 else None
         with (
             _variables(variables),
             _signal_handlers_kept(),
             watch,
-            _restarts_said(who, self.max_restarts, node),
+            _agent_class(who, self.max_restarts, node, elastic=self.elastic),
         ):
             try:
                 elastic_launch(config, sys.executable)(*command)
+            except _store_lost_errors() as exc:
+                if not self.elastic or self._hosts_store or self._place().kind != "c10d":
+                    raise
+                raise self._node_zero_lost(exc) from exc
             except ChildFailedError as exc:
                 failures = _failures(exc, self.node_rank if self.num_nodes > 1 else None)
                 local = root_cause(failures)
@@ -286,10 +330,57 @@ class SubprocessLauncher(Launcher):
                     raise KeyboardInterrupt from None
                 raise SystemExit(128 + int(exc.sigval)) from None
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the nodes meet in rounds that may restart or change size
+        (torch elastic's dynamic rendezvous, :mod:`._rounds`): on several
+        nodes with ``max_restarts``, ``min_nodes`` below ``num_nodes``, or
+        a rendezvous in etcd. Else several nodes meet once, in elastic's
+        static rendezvous, each with the rank it was given."""
+        return self.num_nodes > 1 and (
+            self.max_restarts > 0 or self.min_nodes < self.num_nodes or self._place().kind == "etcd"
+        )
+
+    def _main(self) -> tuple[str, int]:
+        if self.environment is not None:
+            return self.environment.main_address, self.environment.main_port
+        return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
+
+    def _place(self) -> RendezvousPlace:
+        return parse_rendezvous(self.rendezvous, *self._main())
+
+    @property
+    def _hosts_store(self) -> bool:
+        """This node's launching process hosts the job's store (node 0,
+        unless the store is in etcd)."""
+        return self.num_nodes > 1 and self.node_rank == 0 and self._place().kind == "c10d"
+
+    def _watch_store(self) -> Callable[[], Any] | None:
+        """How the node watch reaches the job's store (None on one node)."""
+        if self.num_nodes == 1:
+            return None
+        place, timeout = self._place(), self.rendezvous_timeout
+        return lambda: job_store(place, host=None, timeout=timeout)
+
+    def _node_zero_lost(self, exc: BaseException) -> WorkerFailedError:
+        place = self._place()
+        return NodeLostError(
+            f"node 0 is lost: the job's rendezvous store that its launching "
+            f"process held ({place.endpoint}) no longer answers ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}), so no node can "
+            "meet the others again and every node stops. To keep a job running when any one node "
+            "is lost, node 0's included, keep its rendezvous outside the nodes: "
+            "--rendezvous etcd://HOST:2379,HOST:2379,HOST:2379/NAME (an etcd cluster; see nodes.md)",
+            node=0,
+            address=place.endpoint,
+        )
+
     def _rendezvous(self) -> dict[str, Any]:
         """LaunchConfig's rendezvous fields, and under ``"listen"`` the
         address this node's sockets listen on (see :mod:`._listen`)."""
         timeout = int(self.rendezvous_timeout)
+        if self.elastic:
+            return self._rounds(timeout)
         if self.num_nodes == 1:
             return {
                 "run_id": f"phalanx-{uuid.uuid4().hex}",
@@ -311,6 +402,32 @@ class SubprocessLauncher(Launcher):
             "rdzv_endpoint": f"{address}:{port}",
             "rdzv_configs": {"rank": self.node_rank, "timeout": timeout},
             "listen": listen_address(address, port, self.num_nodes),
+        }
+
+    def _rounds(self, timeout: int) -> dict[str, Any]:
+        """The rendezvous of a job in rounds (:mod:`._rounds`)."""
+        place = self._place()
+        host, port = place.endpoints[0]
+        listen = listen_address(host, port, self.num_nodes)
+        store = job_store(place, host=listen, timeout=timeout) if self._hosts_store else None
+        return {
+            "run_id": place.name,
+            "rdzv_backend": register_rounds(),
+            "rdzv_endpoint": place.endpoint,
+            "rdzv_configs": {
+                "place": place,
+                "listen": listen,
+                "store": store,
+                "timeout": timeout,
+                "join_timeout": timeout,
+                "last_call_timeout": max(1, math.ceil(self.last_call)),
+                "close_timeout": 30,
+                "keep_alive_interval": KEEP_ALIVE,
+                "keep_alive_max_attempt": 3,
+            },
+            "local_addr": listen or None,
+            "listen": listen,
+            "min_nodes": self.min_nodes,
         }
 
     def _results(self, folder: Path, index: int) -> list[Any]:
@@ -373,7 +490,7 @@ def _static_rendezvous_class() -> type:
                         address, self.master_port, world_size=self.world_size, timeout=self.timeout
                     )
             info = super().next_rendezvous()
-            _RENDEZVOUS_DONE.set()  # node 0's store is up: the node watch may connect
+            MET.set()  # node 0's store is up: the node watch may connect
             return info
 
     return StaticRendezvous
@@ -537,33 +654,62 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
 
 
 @contextlib.contextmanager
-def _restarts_said(who: str, max_restarts: int, node_rank: int | None) -> Iterator[None]:
-    """While elastic's launch runs: its agent (torch's LocalElasticAgent)
-    says each restart and the rank that caused it (:func:`_say_restart`),
-    where elastic's own log line names the rank its whole-second
-    timestamps make first (often a rank it stopped itself)."""
-    if not max_restarts:
+def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: bool) -> Iterator[None]:
+    """While elastic's launch runs, its agent (torch's LocalElasticAgent)
+    is this subclass, which says each restart and the rank that caused it
+    (:func:`_say_restart`; elastic's own log line names the rank its
+    whole-second timestamps make first, often a rank it stopped itself),
+    and, for a job in rounds (:mod:`._rounds`), counts restarts for the
+    job rather than for this node and gives the ranks their node's rank in
+    the round (``NODE_RANK``)."""
+    if not max_restarts and not elastic:
         yield
         return
+    from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.launcher import api
 
     launcher_api: Any = api
     base = launcher_api.LocalElasticAgent
 
-    class SayingAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
+    class PhalanxAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
         _last: Any = None
 
+        def _rounds(self) -> Any:
+            handler = self._worker_group.spec.rdzv_handler
+            return handler if hasattr(handler, "count_failure") else None
+
         def _monitor_workers(self, worker_group: Any) -> Any:
-            self._last = super()._monitor_workers(worker_group)
-            return self._last
+            self._last = result = super()._monitor_workers(worker_group)
+            rounds = self._rounds()
+            if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                # The job's count, this round's failure included; elastic
+                # then restarts while its own count stays above 0.
+                self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
+            return result
+
+        def _rendezvous(self, worker_group: Any) -> None:
+            super()._rendezvous(worker_group)
+            rounds = self._rounds()
+            if rounds is not None:
+                self._remaining_restarts = max(0, max_restarts - rounds.restarts())
+                os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
 
         def _restart_workers(self, worker_group: Any) -> None:
-            if self._last is not None:
+            last = self._last
+            if last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 restart = max_restarts - self._remaining_restarts
-                _say_restart(who, self._last, restart, max_restarts, node_rank)
+                _say_restart(who, last, restart, max_restarts, node_rank)
+            elif last is not None:
+                waiting = self._worker_group.spec.rdzv_handler.num_nodes_waiting()
+                sys.stderr.write(
+                    f"{who}: {waiting or 'a'} node{'s' if waiting > 1 else ''} asked to join; every rank "
+                    "is stopped and the nodes meet in a new round (not counted as a restart)\n"
+                )
+                sys.stderr.flush()
+            self._last = None
             super()._restart_workers(worker_group)
 
-    launcher_api.LocalElasticAgent = SayingAgent  # what elastic_launch makes its agent of
+    launcher_api.LocalElasticAgent = PhalanxAgent  # what elastic_launch makes its agent of
     try:
         yield
     finally:
@@ -624,25 +770,30 @@ def _print_elsewhere(failure: RankFailure) -> None:
     sys.stderr.flush()
 
 
-#: Set by the static rendezvous once this node has met the others.
-_RENDEZVOUS_DONE = threading.Event()
+def _store_lost_errors() -> tuple[type[BaseException], ...]:
+    """What elastic's launch raises when the job's store stops answering."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    return (RendezvousConnectionError, dist.DistNetworkError)
 
 
 class _NodeWatch:
-    """Tells every node of a job when a rank on one of them fails, through
-    node 0's rendezvous store, so that no node waits for a peer that is gone.
+    """Tells every node of a job when it ends with a failure on one of
+    them, through the job's store (node 0's, or etcd), so that no node
+    waits for a peer that is gone.
 
-    Each node whose rank failed posts the failure (rank, node, host, exit
-    code, traceback, time) under its node rank. A thread on every node reads
+    A node whose launch fails (out of restarts) posts its failure (rank,
+    node, host, exit code, traceback, time). A thread on every node reads
     the count of posts every ``POLL`` seconds; on a node whose ranks still
     run, a post stops them (SIGTERM to this process, which elastic's agent
     turns into stopping its ranks), and :attr:`remote` holds the failure
     the node reports. Which failure is the root cause is decided by
     :func:`~phalanx_core.launching.root_cause` over every post: a rank that raised comes before
-    a rank that lost its peer as a result. Node 0 hosts the store, so after
-    a failure it waits (at most ``HOLD`` seconds) until every other node has
-    said it is done reading the posts (``done/<node>``). One node: nothing
-    to watch.
+    a rank that lost its peer as a result. The node that hosts the store
+    (node 0, unless it is in etcd) waits after a failure, at most ``HOLD``
+    seconds, until every other node has said it is done reading the posts.
+    One node: nothing to watch.
     """
 
     POLL = 0.2
@@ -650,12 +801,16 @@ class _NodeWatch:
     #: rank that caused it, and node 0 for the others to read the posts.
     HOLD = 5.0
 
-    def __init__(self, endpoint: str | None, node_rank: int, num_nodes: int, timeout: float) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self, connect: Callable[[], Any] | None, node_rank: int, num_nodes: int, *, hosts_store: bool
+    ) -> None:
+        self.connect = connect
         self.node_rank = node_rank
         self.num_nodes = num_nodes
-        self.timeout = timeout
+        self.hosts_store = hosts_store
         self.remote: RankFailure | None = None
+        #: This node among the posts: its host and launching process.
+        self.me = f"{socket.gethostname()}-{os.getpid()}"
         self._store: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -663,8 +818,8 @@ class _NodeWatch:
         self._signal_lock = threading.Lock()
 
     def __enter__(self) -> _NodeWatch:
-        _RENDEZVOUS_DONE.clear()
-        if self.num_nodes > 1 and self.endpoint and threading.current_thread() is threading.main_thread():
+        MET.clear()
+        if self.connect is not None and threading.current_thread() is threading.main_thread():
             self._thread = threading.Thread(target=self._watch, name="phalanx-node-watch", daemon=True)
             self._thread.start()
         return self
@@ -686,48 +841,46 @@ class _NodeWatch:
     def _connect(self) -> Any:
         with self._lock:
             if self._store is None:
-                import datetime
-
                 import torch.distributed as dist
 
-                host, _, port = str(self.endpoint).rpartition(":")
-                store = dist.TCPStore(  # type: ignore[attr-defined]
-                    host, int(port), is_master=False, timeout=datetime.timedelta(seconds=self.timeout)
-                )
-                self._store = dist.PrefixStore("phalanx/failed", store)  # type: ignore[attr-defined]
+                assert self.connect is not None
+                self._store = dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
             return self._store
 
-    def _posts(self) -> list[RankFailure]:
+    def _posts(self) -> list[tuple[str, RankFailure]]:
         store = self._connect()
         found = []
-        for node in range(self.num_nodes):
-            if store.check([str(node)]):
-                found.append(RankFailure.from_dict(json.loads(store.get(str(node)))))
+        for index in range(1, int(store.add("posts", 0)) + 1):
+            who, _, text = store.get(f"post/{index}").decode().partition(" ")
+            found.append((who, RankFailure.from_dict(json.loads(text))))
         return found
 
+    def _others(self) -> list[RankFailure]:
+        return [failure for who, failure in self._posts() if who != self.me]
+
     def _watch(self) -> None:
-        # Connect once this node has met the others at node 0's store (not
+        # Connect once this node has met the others at the job's store (not
         # while the agent's own client is still connecting to it).
-        while not _RENDEZVOUS_DONE.wait(self.POLL):
+        while not MET.wait(self.POLL):
             if self._stop.is_set():
                 return
         try:
             store = self._connect()
             while not self._stop.wait(self.POLL):
                 if store.add("posts", 0):
-                    posts = [p for p in self._posts() if p.node != self.node_rank]
+                    posts = self._others()
                     if posts:
                         self.remote = root_cause(posts)
-                        store.set(f"done/{self.node_rank}", "1")
+                        store.add("done", 1)
                         self._interrupt()
                         return
         except (RuntimeError, ValueError, OSError):
-            return  # node 0's store is gone: the job has ended, or node 0 with it
+            return  # the job's store is gone: the job has ended, or node 0 with it
 
     def settle(self, local: RankFailure) -> RankFailure:
         """Post this node's first failure; return the job's root cause, this
         one or another node's."""
-        if self.num_nodes == 1 or not self.endpoint:
+        if self.connect is None:
             return local
         with self._signal_lock:
             self._stop.set()
@@ -737,24 +890,23 @@ class _NodeWatch:
         posts = known
         try:
             store = self._connect()
-            store.set(str(self.node_rank), json.dumps(local.to_dict()))
-            store.add("posts", 1)
+            index = store.add("posts", 1)
+            store.set(f"post/{index}", f"{self.me} {json.dumps(local.to_dict())}")
             deadline = time.monotonic() + self.HOLD
-            posts = self._posts() + known
+            posts = self._others() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:
             # wait a little for the post of the node whose rank is.
             while (local.lost_a_peer or local.exitcode == -signal.SIGTERM) and root_cause(posts) == local:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(self.POLL)
-                posts = self._posts() + known
-            if self.node_rank == 0:  # the store goes with this process: let the others read it
-                others = [f"done/{node}" for node in range(1, self.num_nodes)]
-                while not store.check(others) and time.monotonic() < deadline:
+                posts = self._others() + known
+            if self.hosts_store:  # the store goes with this process: let the others read it
+                while store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                     time.sleep(self.POLL)
             else:
-                store.set(f"done/{self.node_rank}", "1")
+                store.add("done", 1)
         except (RuntimeError, ValueError, OSError):
-            pass  # node 0's store is gone: what was read before counts
+            pass  # the job's store is gone: what was read before counts
         first = root_cause(posts)
         return local if first == local else first

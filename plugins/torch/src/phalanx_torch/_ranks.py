@@ -22,6 +22,8 @@ RESULTS_DIR_VAR = "PHALANX_LAUNCH_RESULTS_DIR"
 _ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 _LAUNCH_INDEX_VAR = "PHALANX_LAUNCH_INDEX"
 _LAUNCHER_PID_VAR = "PHALANX_LAUNCH_PARENT_PID"
+#: In the ranks of a job of ``MIN:MAX`` nodes: MIN (``num_nodes`` is MAX).
+MIN_NODES_VAR = "PHALANX_LAUNCH_MIN_NODES"
 #: Counts the launches of this process, in every launcher here. A script
 #: re-run by the ``subprocess`` launcher makes the same launches in the same
 #: order, so a rank answers the launch of the same number.

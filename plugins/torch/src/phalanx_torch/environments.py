@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from phalanx_core import ClusterEnvironment, MisconfigurationError
 
+from ._ranks import MIN_NODES_VAR
 from ._scheduler_vars import (
     _LOOPBACK,
     _address,
@@ -211,6 +212,11 @@ class TorchElasticEnvironment(ClusterEnvironment):
             )
         local = _first_int(("LOCAL_WORLD_SIZE",))
         groups = _first_int(("GROUP_WORLD_SIZE",))
+        fewest = _first_int((MIN_NODES_VAR,))
+        if groups is not None and fewest is not None and fewest <= groups <= num_nodes:
+            # A job of MIN:MAX nodes (phalanx run --num-nodes), num_nodes
+            # its most: this round has the nodes it has.
+            num_nodes = groups
         _check_layout(
             who="torchrun",
             world=("WORLD_SIZE", self.world_size),

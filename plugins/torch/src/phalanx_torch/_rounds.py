@@ -1,0 +1,278 @@
+"""Rounds of a job of several nodes that restarts: torch elastic's dynamic
+rendezvous (membership, heartbeats, ``MIN:MAX`` nodes) on a store that
+either node 0 hosts or an etcd cluster keeps, with a new store for the
+ranks of every round.
+
+Used by the ``subprocess`` launcher on several nodes when the job restarts
+(``max_restarts``), changes size (``min_nodes``) or keeps its rendezvous in
+etcd; see :class:`~phalanx_torch.launchers.SubprocessLauncher`. Imports no
+torch at import time.
+
+What elastic gives as is: a round forms once ``min_nodes`` nodes have
+joined and either ``max_nodes`` have, or ``last_call`` seconds have passed
+since the ``min_nodes``-th joined; a node whose heartbeats stop for
+``3 x keep_alive`` seconds is dropped from the round it was in; a node that
+joins a running job waits, and the running nodes start a new round when
+they see it. What this module adds:
+
+- every round's ranks get a store of their own, made by the round's node 0
+  on a port the kernel gives (torch's shared store keeps the keys of the
+  round before, so a restarted rank connects to a dead rank's address);
+- restarts are counted for the job, not per node: a round whose ranks
+  failed counts once, whatever number of nodes saw it fail, and every
+  node reads the count at every round (elastic counts per agent, so a node
+  that joined late, or restarted because another node joined, counted
+  differently, and the nodes disagreed on when the job is out of restarts);
+- the store that node 0 hosts listens on the address the other nodes
+  reach it by, not on every interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx_core import MisconfigurationError
+from phalanx_core.launching import hosted_store
+
+__all__ = ["ELASTIC", "RendezvousPlace", "parse_rendezvous"]
+
+#: Set by the rendezvous once this node has met the others (the node
+#: watch connects to the job's store from then on).
+MET = threading.Event()
+
+#: The name this module's handler is registered under in elastic.
+ELASTIC = "phalanx-elastic"
+
+#: Seconds between a node's heartbeats; a node is dropped after three missed.
+KEEP_ALIVE = 1
+
+#: etcd's client port, where an address gives none.
+ETCD_PORT = 2379
+
+
+@dataclass(frozen=True)
+class RendezvousPlace:
+    """Where the nodes of a job meet: ``kind`` ``"c10d"`` (a store node 0's
+    launching process hosts at ``main_address:main_port``) or ``"etcd"``
+    (the members at ``endpoints``), and the job's name there."""
+
+    kind: str
+    endpoints: tuple[tuple[str, int], ...]
+    name: str
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
+
+    def describe(self) -> str:
+        if self.kind == "etcd":
+            return f"etcd at {self.endpoint} (job {self.name!r})"
+        return f"node 0's store at {self.endpoint}"
+
+
+def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> RendezvousPlace:
+    """The ``rendezvous`` option: None or ``"c10d"`` (node 0 hosts the
+    store at the main address and port), or
+    ``"etcd://HOST[:PORT],HOST[:PORT].../NAME"`` (an etcd cluster with its
+    v2 API; ``NAME``, default ``phalanx-<main port>``, tells jobs that share
+    the cluster apart)."""
+    if value is None or value == "c10d":
+        return RendezvousPlace("c10d", ((main_address, main_port),), f"phalanx-{main_address}:{main_port}")
+    wrong = MisconfigurationError(
+        f"launcher 'subprocess': rendezvous={value!r}; give 'c10d' (node 0 hosts the store, the "
+        "default) or 'etcd://HOST[:PORT],HOST[:PORT]/NAME' (an etcd cluster, v2 API, one member or "
+        "more; NAME tells jobs apart)"
+    )
+    if not isinstance(value, str) or not value.startswith("etcd://"):
+        raise wrong
+    hosts, _, name = value[len("etcd://") :].partition("/")
+    endpoints = []
+    for item in hosts.split(","):
+        parsed = urllib.parse.urlsplit(f"//{item.strip()}")
+        try:
+            port = parsed.port or ETCD_PORT
+        except ValueError:
+            raise wrong from None
+        if not parsed.hostname:
+            raise wrong
+        endpoints.append((parsed.hostname, port))
+    name = name.strip("/") or f"phalanx-{main_port}"
+    return RendezvousPlace("etcd", tuple(endpoints), name)
+
+
+def register() -> str:
+    """Register (once) this module's rendezvous with elastic; its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(ELASTIC, _create)
+    return ELASTIC
+
+
+def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
+    """The job's store that outlives its rounds: node 0's ``TCPStore``
+    (hosted here, listening on ``host``, where ``host`` is not None; a
+    client elsewhere), or an ``EtcdStore`` on the etcd cluster."""
+    import torch.distributed as dist
+
+    if place.kind == "etcd":
+        from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+        return EtcdStore(_etcd_client(place, timeout), f"/phalanx/{place.name}/store")
+    address, port = place.endpoints[0]
+    wait = datetime.timedelta(seconds=timeout)
+    if host is not None:
+        return hosted_store(host, port, timeout=wait)
+    return dist.TCPStore(address, port, is_master=False, timeout=wait)  # type: ignore[attr-defined]
+
+
+def _etcd_client(place: RendezvousPlace, timeout: float) -> Any:
+    try:
+        import etcd  # python-etcd, the client torch's etcd rendezvous uses
+    except ImportError:
+        raise MisconfigurationError(
+            f"rendezvous in etcd ({place.endpoint}) needs the python-etcd client: "
+            "pip install 'phalanx-torch[etcd]' (or python-etcd)"
+        ) from None
+    # Every member given: the client goes on with another when one is lost.
+    return etcd.Client(
+        host=place.endpoints if len(place.endpoints) > 1 else place.endpoints[0][0],
+        port=place.endpoints[0][1],
+        read_timeout=max(1, int(min(timeout, 30))),
+        allow_reconnect=True,
+    )
+
+
+def _create(params: Any) -> Any:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+    config = params.config
+    place: RendezvousPlace = config["place"]
+    timeout = float(config["timeout"])
+    store = config.get("store") or job_store(place, host=None, timeout=timeout)
+    if place.kind == "etcd":
+        from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
+
+        backend: Any = EtcdRendezvousBackend(
+            _etcd_client(place, timeout), params.run_id, key_prefix=f"/phalanx/{place.name}/rendezvous"
+        )
+    else:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        backend = C10dRendezvousBackend(store, params.run_id)
+    inner = dynamic.create_handler(store, backend, params)
+    return _handler_class()(inner, store, config["listen"], timeout)
+
+
+@functools.cache
+def _handler_class() -> type:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousStoreInfo,
+    )
+
+    class RoundRendezvous(RendezvousHandler):
+        """Elastic's dynamic rendezvous, with a store of their own for each
+        round's ranks (hosted by the round's node 0) and the job's restart
+        count kept in the job's store."""
+
+        def __init__(self, inner: Any, store: Any, listen: str, timeout: float) -> None:
+            self._inner = inner
+            self.job_store = store
+            self._listen = listen
+            self._timeout = datetime.timedelta(seconds=timeout)
+            self._round_store: Any = None
+            #: This round's prefixed store in the job's store; its number.
+            self.round_store: Any = None
+            self.round = -1
+            self.group_rank = -1
+            self.group_world_size = 0
+
+        def get_backend(self) -> str:
+            return ELASTIC
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self) -> Any:
+            self._round_store = None  # the ranks of the round before are stopped
+            with _unshared_store():
+                info = self._inner.next_rendezvous()
+            self.round = int(self._inner._state_holder.state.round)
+            self.round_store = info.store
+            self.group_rank, self.group_world_size = info.rank, info.world_size
+            if info.rank == 0:
+                self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
+                address = self._listen or _this_address(info)
+                info.store.set("phalanx/ranks-store", f"{address} {self._round_store.port}")
+            address, port = info.store.get("phalanx/ranks-store").decode().split()
+            MET.set()
+            return RendezvousInfo(
+                info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port))
+            )
+
+        def count_failure(self) -> int:
+            """Count this round's failure for the job (once, whichever node
+            reports it first); the job's restarts so far, this one included."""
+            if self.round_store is None:
+                return 0
+            if self.round_store.add("phalanx/failed", 1) == 1:
+                self.job_store.add("phalanx/restarts", 1)
+            return int(self.job_store.add("phalanx/restarts", 0))
+
+        def restarts(self) -> int:
+            """How many rounds of this job failed and were started again."""
+            return int(self.job_store.add("phalanx/restarts", 0))
+
+        def is_closed(self) -> bool:
+            return bool(self._inner.is_closed())
+
+        def set_closed(self) -> None:
+            self._inner.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return int(self._inner.num_nodes_waiting())
+
+        def get_run_id(self) -> str:
+            return str(self._inner.get_run_id())
+
+        def shutdown(self) -> bool:
+            self._round_store = None
+            with contextlib.suppress(Exception):  # the job's store may be gone with node 0
+                return bool(self._inner.shutdown())
+            return False
+
+    del dist
+    return RoundRendezvous
+
+
+@contextlib.contextmanager
+def _unshared_store() -> Any:
+    """Elastic's dynamic rendezvous without its one ``TCPStore`` shared by
+    every round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``): this module makes
+    a new one for each round."""
+    name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    saved = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _this_address(info: Any) -> str:
+    """The address elastic put in the round for this node (its own idea of
+    where it is reached), where this node listens on every interface."""
+    return str(info.bootstrap_store_info.master_addr)

@@ -1,0 +1,263 @@
+"""Jobs that survive a lost host, on three hosts: ``phalanx run
+--num-nodes 2:3 --max-restarts 3``. Every process of one host is killed
+with SIGKILL mid-training (as if the host was lost); the two others stop
+their ranks, meet in a new round and go on from the newest checkpoint; the
+host started again joins at the next round. With the rendezvous in etcd
+(one member on each host), the host lost may be node 0; with node 0's
+store, losing node 0 ends the job on every node with an error that names
+it.
+
+Each job counts what it trained on: in every epoch every sample exactly
+once, the steps after the newest checkpoint that a lost round did not
+keep aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+
+JOB = str(Path(__file__).resolve().parent / "elastic_job.py")
+PORT = "29621"
+SAMPLES, EPOCHS = 120, 2
+PAUSE = "0.25"
+
+
+def command(node: int, out: Path, *flags: str) -> list[str]:
+    return [
+        sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
+        "--devices", "1", "--num-nodes", "2:3", "--max-restarts", "3", "--node-rank", str(node),
+        "--main-address", "192.168.77.1", "--main-port", PORT, *flags,
+        JOB, str(out), str(SAMPLES), PAUSE,
+    ]  # fmt: skip
+
+
+class Job:
+    """One node's ``phalanx run`` per host, started and watched one by one."""
+
+    def __init__(self, bed, out: Path, flags: tuple[str, ...] = ()) -> None:
+        self.bed, self.out, self.flags = bed, out, flags
+        self.tag = new_tag()
+        self.runs: dict[str, list[subprocess.Popen]] = {}
+        self.logs: list[Path] = []
+
+    def start(self, index: int) -> subprocess.Popen:
+        host = self.bed.hosts[index]
+        log = self.out.parent / f"{host.name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "w") as file:
+            process = host.popen(
+                command(index, self.out, *self.flags),
+                env=scheduler_free_environment(**{TAG_VAR: self.tag}),
+                cwd=Path(__file__).resolve().parents[2],
+                stdout=file,
+                stderr=subprocess.STDOUT,
+            )
+        self.runs.setdefault(host.name, []).append(process)
+        return process
+
+    def kill_host(self, index: int) -> int:
+        """SIGKILL every process of the host; how many there were."""
+        pids = self.bed.pids(self.bed.hosts[index])
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def wait_for(self, what, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while not what():
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {seconds} s for {what.__doc__}\n{self.describe()}")
+            time.sleep(0.1)
+
+    def wait(self, seconds: float = 180) -> dict[str, int]:
+        """Wait for every node; their exit codes (the last run of each host)."""
+        deadline = time.monotonic() + seconds
+        codes = {}
+        for name, processes in self.runs.items():
+            try:
+                codes[name] = processes[-1].wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        left = reap(self.tag)
+        assert None not in codes.values(), f"still running after {seconds} s: {codes}\n{self.describe()}"
+        assert not left, f"processes left behind (killed now): {left}\n{self.describe()}"
+        return codes
+
+    def describe(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()[-4000:]}" for log in self.logs if log.exists())
+
+    def steps(self, world: int | None = None) -> int:
+        """The last step trained (in a round of ``world`` ranks)."""
+        last = 0
+        for log in self.out.glob("seen-*.txt"):
+            for line in log.read_text().splitlines():
+                fields = line.split()
+                if len(fields) > 5 and (world is None or int(fields[2]) == world):
+                    last = max(last, int(fields[4]))
+        return last
+
+
+def trained(out: Path) -> dict[int, Counter]:
+    """Every sample each epoch trained on, counted over every rank's log: a
+    round's steps after the step the next round resumed from were lost with
+    it (in no checkpoint), and do not count."""
+    lines = []
+    for log in out.glob("seen-*.txt"):
+        for line in log.read_text().splitlines():
+            restarts, resumed, _world, epoch, step, *indices = map(int, line.split())
+            lines.append(((restarts, resumed), epoch, step, indices))
+    rounds = sorted({key for key, *_ in lines})
+    following = dict(itertools.pairwise(rounds))
+    counts: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
+    for key, epoch, step, indices in lines:
+        if key in following and step > following[key][1]:
+            continue
+        counts[epoch].update(indices)
+    return counts
+
+
+def assert_every_sample_once(out: Path) -> None:
+    """Every sample of every epoch trained on exactly once, but for the
+    repeats ``DistributedSampler`` adds (as the loader documents) where a
+    round on another number of ranks took over the rest of an epoch that
+    does not split evenly over them: at most ``ranks - 1`` per such round."""
+    counts = trained(out)
+    changed = rounds_taking_over(out)
+    for epoch, seen in counts.items():
+        assert sorted(seen) == list(range(SAMPLES)), (epoch, sorted(seen))
+        repeats = sum(n - 1 for n in seen.values())
+        allowed = sum(world - 1 for world in changed.get(epoch, []))
+        assert repeats <= allowed, (epoch, [i for i, n in seen.items() if n > 1], changed)
+
+
+def rounds_taking_over(out: Path) -> dict[int, list[int]]:
+    """Per epoch, the world sizes of the rounds that took it over from a
+    round of another world size."""
+    first: dict[tuple[int, int], tuple[int, int]] = {}  # round -> (its first epoch, world)
+    for log in out.glob("seen-*.txt"):
+        for line in log.read_text().splitlines():
+            restarts, resumed, world, epoch = map(int, line.split()[:4])
+            key = (restarts, resumed)
+            first[key] = min(first.get(key, (epoch, world)), (epoch, world))
+    found: dict[int, list[int]] = {}
+    ordered = sorted(first)
+    for before, after in itertools.pairwise(ordered):
+        if first[after][1] != first[before][1]:
+            found.setdefault(first[after][0], []).append(first[after][1])
+    return found
+
+
+def worlds(out: Path) -> list[int]:
+    """The world size of every round, in order."""
+    found = {}
+    for log in out.glob("seen-*.txt"):
+        for line in log.read_text().splitlines():
+            restarts, resumed, world = map(int, line.split()[:3])
+            found[(restarts, resumed)] = world
+    return [found[key] for key in sorted(found)]
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    return folder
+
+
+def test_a_lost_host_leaves_the_job_on_two_and_a_host_started_again_joins(make_bed, out):
+    bed = make_bed(3)
+    job = Job(bed, out)
+    for index in range(3):
+        job.start(index)
+    job.wait_for(lambda: job.steps(world=3) >= 6)
+    assert job.kill_host(2) > 0
+    lost_at = time.monotonic()
+    job.wait_for(lambda: job.steps(world=2) > 0)
+    recovered = time.monotonic() - lost_at
+    job.wait_for(lambda: job.steps(world=2) >= job.steps(world=3) + 4)
+    job.start(2)  # the host comes back
+    codes = job.wait()
+    assert codes == {"node0": 0, "node1": 0, "node2": 0}, job.describe()
+    done = json.loads((out / "done.json").read_text())
+    assert done["restarts"] == 1, done  # the lost host; a join is no restart
+    assert done["world"] == 3, done
+    assert worlds(out)[:2] == [3, 2] and worlds(out)[-1] == 3, worlds(out)
+    assert_every_sample_once(out)
+    text = job.describe()
+    assert "every rank is stopped and started again (restart 1 of 3)" in text, text
+    assert "asked to join; every rank is stopped and the nodes meet in a new round" in text, text
+    print(f"from the kill to the first step on two hosts: {recovered:.1f} s")
+
+
+def test_losing_node_zero_with_its_store_ends_every_node_naming_it(make_bed, out):
+    bed = make_bed(3)
+    job = Job(bed, out)
+    for index in range(3):
+        job.start(index)
+    job.wait_for(lambda: job.steps(world=3) >= 4)
+    job.kill_host(0)
+    lost_at = time.monotonic()
+    codes = job.wait()
+    took = time.monotonic() - lost_at
+    assert codes["node0"] != 0
+    assert codes["node1"] == codes["node2"] == 1, job.describe()
+    text = job.describe()
+    for log in job.logs[1:]:
+        said = log.read_text()
+        assert "node 0 is lost" in said and "192.168.77.1:" + PORT in said, said[-3000:]
+        assert "--rendezvous etcd://" in said, said[-3000:]
+    assert took < 60, (took, text)
+
+
+def etcd_cluster(bed, folder: Path) -> str:
+    """One etcd member on each host (v2 API on); the rendezvous URL."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        pytest.fail("the multihost session installs etcd-server (Debian's etcd 3.4); it is missing")
+    members = ",".join(f"{h.name}=http://{h.address}:2380" for h in bed.hosts)
+    for host in bed.hosts:
+        data = folder / f"etcd-{host.name}"
+        argv = [
+            etcd, "--name", host.name, "--data-dir", str(data), "--enable-v2",
+            "--listen-client-urls", f"http://{host.address}:2379",
+            "--advertise-client-urls", f"http://{host.address}:2379",
+            "--listen-peer-urls", f"http://{host.address}:2380",
+            "--initial-advertise-peer-urls", f"http://{host.address}:2380",
+            "--initial-cluster", members, "--initial-cluster-state", "new",
+            "--log-level", "error",
+        ]  # fmt: skip
+        host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return "etcd://" + ",".join(f"{h.address}:2379" for h in bed.hosts) + "/elastic-test"
+
+
+def test_with_the_rendezvous_in_etcd_losing_node_zero_leaves_the_job_on_two(make_bed, out, tmp_path):
+    bed = make_bed(3)
+    url = etcd_cluster(bed, tmp_path)
+    job = Job(bed, out, ("--rendezvous", url))
+    for index in range(3):
+        job.start(index)
+    job.wait_for(lambda: job.steps(world=3) >= 6)
+    # Host 0's etcd member goes with it: two of three live on, a majority.
+    job.kill_host(0)
+    job.wait_for(lambda: job.steps(world=2) > 0)
+    del job.runs["node0"]
+    codes = job.wait()
+    assert codes == {"node1": 0, "node2": 0}, job.describe()
+    done = json.loads((out / "done.json").read_text())
+    assert done["restarts"] == 1 and done["world"] == 2, done
+    assert_every_sample_once(out)
