@@ -65,7 +65,8 @@ class CheckpointIO(ABC):
 class TorchCheckpointIO(CheckpointIO):
     """``torch.save`` / ``torch.load``.
 
-    ``save()`` writes to a temporary file next to ``path``
+    ``save()`` drops the checkpoint it replaces from the page cache
+    (:func:`drop_cached`), writes to a temporary file next to ``path``
     (``<name>.<host>-<pid>-<random>.partial``: processes or ranks saving to
     one path at once never share it), fsyncs it, renames it to ``path`` and
     fsyncs the directory. A save that fails removes its temporary file; one
@@ -84,6 +85,7 @@ class TorchCheckpointIO(CheckpointIO):
         target = Path(path)
         _make_directories(target.parent)
         clear_stale_partials(target)
+        drop_cached(target)
         temporary = partial_path(target)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         try:
@@ -237,6 +239,31 @@ def check_module_shapes(
             f"{len(differ)} tensor(s) have another shape: {'; '.join(differ[:3])}"
             f"{'; ...' if len(differ) > 3 else ''}. Load it into a module like the one it was saved from"
         )
+
+
+def drop_cached(path: str | os.PathLike[str]) -> None:
+    """Drop the pages of the file at ``path`` (a checkpoint written and
+    fsynced before) from the page cache, before a save that replaces it
+    writes as much again: the old file stays whole on disk, and the new
+    one is written into the pages it gave back. Writing a 1 GB checkpoint
+    while the one it replaces still filled the page cache took 2.5 s
+    instead of 0.35 s in about half the saves on a test machine
+    (``bench/checkpoint.py``); ``torch.save`` into the same file reuses its
+    pages through the truncation. Nothing where there is no such file, or
+    no ``posix_fadvise`` (Windows, macOS)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
