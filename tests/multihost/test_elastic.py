@@ -9,7 +9,10 @@ it.
 
 Each job counts what it trained on: in every epoch every sample exactly
 once, the steps after the newest checkpoint that a lost round did not
-keep aside.
+keep aside. Also: fsdp on two hosts with a rank killed ends with the very
+weights of a run without the failure; a node that never comes, or whose
+``phalanx run`` fails before the rendezvous, is named on every other node
+after ``rendezvous_timeout``, with lines saying what they wait for.
 """
 
 from __future__ import annotations
@@ -261,3 +264,88 @@ def test_with_the_rendezvous_in_etcd_losing_node_zero_leaves_the_job_on_two(make
     done = json.loads((out / "done.json").read_text())
     assert done["restarts"] == 1 and done["world"] == 2, done
     assert_every_sample_once(out)
+
+
+RESUMABLE = str(Path(__file__).resolve().parents[1] / "run_scripts" / "resumable.py")
+
+
+def two_host_run(
+    node: int, out: Path, *flags: str, script: tuple[str, ...] = (), nodes: int = 2
+) -> list[str]:
+    return [
+        sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", "--devices", "1",
+        "--num-nodes", str(nodes), "--node-rank", str(node), "--main-address", "192.168.77.1", "--main-port", PORT,
+        *flags, RESUMABLE, str(out), *script,
+    ]  # fmt: skip
+
+
+def final_model(out: Path) -> dict:
+    import warnings
+
+    from phalanx_torch.checkpoint_io import TorchDistributedCheckpointIO
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        return TorchDistributedCheckpointIO().load(out / "final.pt")["model"]
+
+
+def test_fsdp_on_two_hosts_ends_with_the_weights_of_a_run_without_the_failure(bed, run_nodes, tmp_path):
+    import torch
+
+    finals = {}
+    for name, script in (("uninterrupted", ()), ("killed", ("7",))):
+        out = tmp_path / name
+        out.mkdir()
+        flags = ("--strategy", "fsdp", "--max-restarts", "1")
+        runs = run_nodes(
+            bed.hosts, [two_host_run(n, out, *flags, script=script) for n in (0, 1)], timeout=240
+        )
+        for run in runs:
+            assert run.returncode == 0, run.describe()
+        done = json.loads((out / "done.json").read_text())
+        assert done == {"restarts": len(script), "world": 2, "steps": 12}, done
+        finals[name] = final_model(out)
+    said = "".join(run.stderr for run in runs)
+    assert "failed (killed by SIGKILL); every rank is stopped and started again (restart 1 of 1)" in said, (
+        said
+    )
+    a, b = finals["uninterrupted"], finals["killed"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (a, b)
+
+
+@pytest.mark.parametrize("restarts", [False, True], ids=["one meeting", "rounds"])
+def test_a_node_that_never_comes_is_named_on_every_node_after_the_timeout(make_bed, run_nodes, out, restarts):
+    bed = make_bed(3)
+    flags = [
+        "--strategy",
+        "ddp",
+        "-o",
+        "rendezvous_timeout=12",
+        *(["--max-restarts", "1"] if restarts else []),
+    ]
+    commands = [two_host_run(n, out, *flags, nodes=3) for n in (0, 1)]  # node 2 never starts
+    runs = run_nodes(bed.hosts[:2], commands, timeout=90)
+    for run in runs:
+        assert run.returncode == 1, run.describe()
+        assert run.ended < 40, run.describe()
+        if restarts:
+            assert "waiting for the nodes to meet: 2 joined (192.168.77.1, 192.168.77.2)" in run.stderr
+            assert "did not meet within rendezvous_timeout=12 s: 2 joined" in run.stderr, run.describe()
+        else:
+            assert "node 2 of 3 never arrived at node 0's store (192.168.77.1:" in run.stderr, run.describe()
+    if not restarts:
+        assert "node 0 waits at 192.168.77.1:29621 for node 2 (2 of 3 arrived)" in runs[0].stderr, runs[
+            0
+        ].stderr
+
+
+def test_a_node_that_fails_before_the_rendezvous_is_named_by_the_others(bed, run_nodes, out):
+    flags = ("--strategy", "ddp", "-o", "rendezvous_timeout=10")
+    broken = [*two_host_run(1, out, *flags)[:-2], "/no/such/script.py", str(out)]
+    runs = run_nodes(bed.hosts, [two_host_run(0, out, *flags), broken], timeout=90)
+    assert runs[1].returncode != 0 and "no script at '/no/such/script.py'" in runs[1].stderr, runs[
+        1
+    ].describe()
+    assert runs[0].returncode == 1, runs[0].describe()
+    assert "node 1 of 2 never arrived at node 0's store" in runs[0].stderr, runs[0].describe()
+    assert runs[0].ended < 40, runs[0].describe()

@@ -41,6 +41,7 @@ from phalanx_core.launching import (
     worker_failed,
 )
 
+from ._arrivals import meet
 from ._listen import listen_address, one_thread
 from ._ranks import (
     _LAUNCH_INDEX_VAR,
@@ -263,7 +264,9 @@ class SubprocessLauncher(Launcher):
             # How long a stopped job's ranks get between SIGTERM and SIGKILL,
             # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
             newer["shutdown_timeout"] = STOP_GRACE
+        who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         rendezvous = self._rendezvous()
+        rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(_say, who)
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
         variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
@@ -287,7 +290,6 @@ class SubprocessLauncher(Launcher):
             **rendezvous,
         )
         watch = _NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
-        who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         node = self.node_rank if self.num_nodes > 1 else None
         with (
             _variables(variables),
@@ -465,9 +467,11 @@ def _create_static_rendezvous(params: Any) -> Any:
 
     static: Any = create_rdzv_handler(params)  # checks the endpoint and the rank
     timeout = int(static.timeout.total_seconds())
-    return _static_rendezvous_class()(
+    handler = _static_rendezvous_class()(
         static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
     )
+    handler.say = params.config.get("say")
+    return handler
 
 
 @functools.cache
@@ -482,13 +486,31 @@ def _static_rendezvous_class() -> type:
         def get_backend(self) -> str:
             return _STATIC
 
+        say: Callable[[str], None] | None = None
+
         def next_rendezvous(self) -> Any:
-            if self._store is None and self.rank == 0:
-                address = listen_address(self.master_addr, self.master_port, self.world_size)
-                if address:  # else torch's own store, on every interface
-                    self._store = hosted_store(
-                        address, self.master_port, world_size=self.world_size, timeout=self.timeout
+            if self._store is None:
+                # Every node says it arrived; node 0 waits for all, saying
+                # what it waits for, and names a node that never comes.
+                def host() -> Any:
+                    address = listen_address(self.master_addr, self.master_port, self.world_size)
+                    return hosted_store(
+                        address,
+                        self.master_port,
+                        world_size=self.world_size,
+                        timeout=self.timeout,
+                        wait_for_workers=False,
                     )
+
+                self._store = meet(
+                    node_rank=self.rank,
+                    num_nodes=self.world_size,
+                    address=self.master_addr,
+                    port=self.master_port,
+                    timeout=self.timeout.total_seconds(),
+                    host_store=host,
+                    say=self.say,
+                )
             info = super().next_rendezvous()
             MET.set()  # node 0's store is up: the node watch may connect
             return info
@@ -634,6 +656,11 @@ def _quiet(prefix: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _say(who: str, line: str) -> None:
+    sys.stderr.write(f"{who}: {line}\n")
+    sys.stderr.flush()
 
 
 def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_rank: int | None) -> None:

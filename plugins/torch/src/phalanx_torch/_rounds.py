@@ -34,6 +34,7 @@ import datetime
 import functools
 import os
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -167,7 +168,10 @@ def _create(params: Any) -> Any:
 
         backend = C10dRendezvousBackend(store, params.run_id)
     inner = dynamic.create_handler(store, backend, params)
-    return _handler_class()(inner, store, config["listen"], timeout)
+    handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
+    handler.say = config.get("say")
+    handler.hosts_store = config.get("store") is not None
+    return handler
 
 
 @functools.cache
@@ -184,8 +188,16 @@ def _handler_class() -> type:
         round's ranks (hosted by the round's node 0) and the job's restart
         count kept in the job's store."""
 
-        def __init__(self, inner: Any, store: Any, listen: str, timeout: float) -> None:
+        #: Where lines about the wait go (the launcher sets it).
+        say: Any = None
+        #: This node's launching process hosts the job's store.
+        hosts_store = False
+        #: The nodes in the round being formed, as this node last read them.
+        joined: list[str] = []  # noqa: RUF012 - replaced, never changed in place
+
+        def __init__(self, inner: Any, store: Any, listen: str, timeout: float, place: str = "") -> None:
             self._inner = inner
+            self._place_text = place
             self.job_store = store
             self._listen = listen
             self._timeout = datetime.timedelta(seconds=timeout)
@@ -204,9 +216,18 @@ def _handler_class() -> type:
             return True
 
         def next_rendezvous(self) -> Any:
+            from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
             self._round_store = None  # the ranks of the round before are stopped
-            with _unshared_store():
-                info = self._inner.next_rendezvous()
+            try:
+                with _unshared_store(), _saying_who_waits(self, self._timeout):
+                    info = self._inner.next_rendezvous()
+            except RendezvousTimeoutError:
+                if self.hosts_store:
+                    # The others time out a moment later: keep the store up
+                    # until they have, so they say the same, not "node 0 lost".
+                    time.sleep(2.0)
+                raise self._never_met() from None
             self.round = int(self._inner._state_holder.state.round)
             self.round_store = info.store
             self.group_rank, self.group_world_size = info.rank, info.world_size
@@ -218,6 +239,23 @@ def _handler_class() -> type:
             MET.set()
             return RendezvousInfo(
                 info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port))
+            )
+
+        def _never_met(self) -> Exception:
+            from phalanx_core import NodeLostError
+
+            settings = self._inner.settings
+            joined = self.joined
+            seconds = self._timeout.total_seconds()
+            return NodeLostError(
+                f"the nodes did not meet within rendezvous_timeout={seconds:g} s: "
+                f"{len(joined)} joined ({', '.join(joined) or 'none'}), and a round needs "
+                f"{settings.min_nodes}{'' if settings.min_nodes == settings.max_nodes else ' at least'}. "
+                "A node that was lost, never started, or failed before joining is missing; start "
+                "phalanx run on it with the same --main-address / --main-port (or --rendezvous), or "
+                "let the job go on with fewer nodes (--num-nodes MIN:MAX)",
+                node=-1,
+                address=self._place_text,
             )
 
         def count_failure(self) -> int:
@@ -270,6 +308,45 @@ def _unshared_store() -> Any:
             os.environ.pop(name, None)
         else:
             os.environ[name] = saved
+
+
+def _joined(inner: Any) -> list[str]:
+    """The addresses of the nodes in the round being formed (elastic's
+    state as this node last read it)."""
+    state = inner._state_holder.state
+    nodes = list(state.participants) + list(state.wait_list)
+    return sorted(str(getattr(node, "addr", node)) for node in nodes)
+
+
+@contextlib.contextmanager
+def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
+    """While this node waits for a round: the nodes that joined, as this
+    node last read them, kept in ``handler.joined`` every second; after
+    5 s, and every 30 s after, a line saying so and how long is left."""
+    done = threading.Event()
+    start = time.monotonic()
+    handler.joined = []
+
+    def tell() -> None:
+        next_say = 5.0
+        while not done.wait(1.0):
+            with contextlib.suppress(Exception):  # a state being replaced: read it next time
+                handler.joined = _joined(handler._inner) or handler.joined
+            waited = time.monotonic() - start
+            if handler.say is not None and waited >= next_say:
+                next_say += 30.0 if next_say > 5.0 else 25.0
+                handler.say(
+                    f"waiting for the nodes to meet: {len(handler.joined)} joined "
+                    f"({', '.join(handler.joined)}), a round needs {handler._inner.settings.min_nodes}; "
+                    f"{timeout.total_seconds() - waited:.0f} s left of rendezvous_timeout"
+                )
+
+    thread = threading.Thread(target=tell, name="phalanx-rendezvous-wait", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _this_address(info: Any) -> str:
