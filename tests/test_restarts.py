@@ -138,6 +138,37 @@ def test_max_restarts_given_to_resolve_restarts_a_launch_of_fn():
     assert "RESULT [(0, 1, 2.0), (1, 1, 2.0)]" in done.stdout, done.stdout
 
 
+def test_a_launch_of_fn_on_two_nodes_restarts_both_and_returns_each_node_its_ranks_values():
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on now; node 0's store takes it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = scheduler_free_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT.parent / "restart_launch.py"), "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "NODE_RANK": str(node)},
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    found = []
+    for node, (out, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err[-3000:]
+        # The script runs in the node's rank too, where launch returns the same.
+        lines = [eval(line[len("RESULT ") :]) for line in out.splitlines() if line.startswith("RESULT ")]
+        assert lines and all(v == lines[0] for v in lines), out
+        values = lines[0]
+        assert len(values) == 2 and sum(v is not None for v in values) == 1, values
+        found += [v for v in values if v is not None]
+        assert "(restart 1 of 1)" in err, err[-3000:]
+    assert sorted(found) == [(0, 1, 2.0), (1, 1, 2.0)], found
+
+
 def test_under_torchrun_max_restarts_is_refused_saying_to_give_it_to_torchrun():
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",

@@ -2,7 +2,8 @@
 kills itself on the first start; ``launch(fn)`` returns every rank's value
 from the restarted ranks.
 
-    python restart_launch.py
+    python restart_launch.py          # one node, two ranks
+    python restart_launch.py NODES    # one rank on each of NODES nodes (NODE_RANK, MASTER_ADDR/PORT set)
 """
 
 from __future__ import annotations
@@ -21,5 +22,9 @@ def fn(strategy):
 
 
 if __name__ == "__main__":
-    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=2, max_restarts=1)
+    import sys
+
+    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    devices = 2 if nodes == 1 else 1
+    strategy = phalanx.resolve("ddp", accelerator="cpu", devices=devices, num_nodes=nodes, max_restarts=1)
     print("RESULT", strategy.launch(fn), flush=True)

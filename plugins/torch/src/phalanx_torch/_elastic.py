@@ -235,9 +235,19 @@ class SubprocessLauncher(Launcher):
                 warn_died_after_delivery("subprocess", RankFailure(exc.rank, exc.exitcode), self.world_size)
             return self._results(results, index)
 
-    def _all_delivered(self, folder: Path) -> bool:
+    def _this_node(self) -> tuple[range, int]:
+        """This node's global ranks and the world, in the last round of a
+        job in rounds (given by the rendezvous), else as configured."""
+        if self.elastic and _LAST_ROUND:
+            group_rank, group_world_size = _LAST_ROUND[-1]
+            first = group_rank * self.num_processes
+            return range(first, first + self.num_processes), group_world_size * self.num_processes
         first = self.node_rank * self.num_processes
-        return all((folder / f"{rank}.pkl").exists() for rank in range(first, first + self.num_processes))
+        return range(first, first + self.num_processes), self.world_size
+
+    def _all_delivered(self, folder: Path) -> bool:
+        ranks, _ = self._this_node()
+        return all((folder / f"{rank}.pkl").exists() for rank in ranks)
 
     def run_script(self, command: Sequence[str]) -> None:
         """Run ``python *command`` as every rank's program under torch
@@ -304,7 +314,9 @@ class SubprocessLauncher(Launcher):
                     raise
                 raise self._node_zero_lost(exc) from exc
             except ChildFailedError as exc:
-                failures = _failures(exc, self.node_rank if self.num_nodes > 1 else None)
+                ranks, _ = self._this_node()
+                node_now = ranks[0] // self.num_processes  # in rounds, this node's rank in the last one
+                failures = _failures(exc, node_now if self.num_nodes > 1 else None)
                 local = root_cause(failures)
                 try:
                     first = watch.settle(local)
@@ -433,13 +445,13 @@ class SubprocessLauncher(Launcher):
         }
 
     def _results(self, folder: Path, index: int) -> list[Any]:
-        values: list[Any] = [None] * self.world_size
-        first = self.node_rank * self.num_processes
-        for rank in range(first, first + self.num_processes):
+        ranks, world = self._this_node()
+        values: list[Any] = [None] * world
+        for rank in ranks:
             path = folder / f"{rank}.pkl"
             if not path.exists():
                 raise WorkerFailedError(
-                    f"rank {rank} of {self.world_size} (launcher 'subprocess') exited with code 0 "
+                    f"rank {rank} of {world} (launcher 'subprocess') exited with code 0 "
                     f"but left no result for this launch (the script's launch number {index}): the "
                     "re-run script made fewer launches in the rank than here. Make the script call "
                     "launch the same way on every rank, once (not only under `if RANK == 0`)",
@@ -720,6 +732,11 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
             if rounds is not None:
                 self._remaining_restarts = max(0, max_restarts - rounds.restarts())
                 os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
+                _LAST_ROUND.append((worker_group.group_rank, worker_group.group_world_size))
+                results = os.environ.get(RESULTS_DIR_VAR)
+                if results:  # what ranks of a round before left is not this round's
+                    for stale in Path(results).glob("*.pkl"):
+                        stale.unlink(missing_ok=True)
 
         def _restart_workers(self, worker_group: Any) -> None:
             last = self._last
@@ -737,10 +754,16 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
             super()._restart_workers(worker_group)
 
     launcher_api.LocalElasticAgent = PhalanxAgent  # what elastic_launch makes its agent of
+    _LAST_ROUND.clear()
     try:
         yield
     finally:
         launcher_api.LocalElasticAgent = base
+
+
+#: This node's rank and the number of nodes in each round of the launch
+#: under way (a job in rounds), the last one last.
+_LAST_ROUND: list[tuple[int, int]] = []
 
 
 @contextlib.contextmanager
