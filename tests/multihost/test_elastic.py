@@ -349,3 +349,19 @@ def test_a_node_that_fails_before_the_rendezvous_is_named_by_the_others(bed, run
     assert runs[0].returncode == 1, runs[0].describe()
     assert "node 1 of 2 never arrived at node 0's store" in runs[0].stderr, runs[0].describe()
     assert runs[0].ended < 40, runs[0].describe()
+
+
+def test_out_of_restarts_every_node_ends_with_the_rank_that_failed(bed, run_nodes):
+    job = str(Path(__file__).resolve().parent / "job.py")
+    command = [
+        sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "1",
+        "--num-nodes", "2", "--max-restarts", "1", "--main-address", "192.168.77.1", "--main-port", PORT,
+    ]  # fmt: skip
+    runs = run_nodes(bed.hosts, [[*command, "--node-rank", str(n), job, "fail", "1"] for n in (0, 1)])
+    for run in runs:
+        assert run.returncode == 1, run.describe()
+        # The job's one restart, said on both nodes; then both name the cause.
+        assert run.stderr.count("every rank is stopped and started again (restart 1 of 1)") == 1, (
+            run.describe()
+        )
+        assert "phalanx run: rank 1 (node 1, host node1) raised first" in run.stderr, run.describe()
