@@ -180,6 +180,13 @@ class TestBed:
                 lines.append(f"127.0.1.1\t{other.name}")
             else:
                 lines.append(f"{other.address}\t{other.name}")
+        # c10d names every peer of its dual-stack sockets by a reverse
+        # lookup of its IPv4-mapped IPv6 address, which glibc asks DNS for
+        # (not /etc/hosts' IPv4 lines); no DNS server is reachable from the
+        # namespaces, so it warned "The hostname of the client socket
+        # cannot be retrieved. err=-3" (EAI_AGAIN) on every run.
+        mapped = ["127.0.0.1", "127.0.1.1", *(other.address for other in self.hosts)]
+        lines += [f"::ffff:{address}\tmapped-{address.replace('.', '-')}" for address in mapped]
         return "\n".join(lines) + "\n"
 
     def pids(self, host: Host) -> list[int]:
