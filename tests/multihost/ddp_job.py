@@ -56,7 +56,7 @@ def run(strategy: Any) -> None:
         "local_rank": strategy.local_rank,
         "node_rank": strategy.node_rank,
         "host": socket.gethostname(),
-        "main_address": strategy.environment.main_address,
+        "main_address": _main_address(strategy),
         "main_port": strategy.environment.main_port,
         "all_reduce": total.item(),
         "hosts": strategy.all_gather_object(socket.gethostname()),
@@ -82,6 +82,17 @@ def main() -> int:
     strategy = phalanx.resolve("ddp", **flags, timeout=options.timeout)
     strategy.launch(run)
     return 0
+
+
+def _main_address(strategy) -> str | None:
+    """The environment's main address; None where it has none (mpirun on
+    several nodes without MASTER_ADDR, under the mpi collective)."""
+    from phalanx_core import MisconfigurationError
+
+    try:
+        return strategy.environment.main_address
+    except MisconfigurationError:
+        return None
 
 
 if __name__ == "__main__":

@@ -75,14 +75,27 @@ def check_job(run, bed: TestBed, per_host: int, collective: str) -> list[dict]:
 
 @pytest.mark.parametrize("per_host", [1, 2])
 def test_ddp_over_mpi_across_two_hosts(bed, run_nodes, per_host):
-    # The mpi environment refuses several nodes without MASTER_ADDR, though
-    # MPI itself needs none; node0's name is what its message suggests.
+    # MASTER_ADDR as a user of the torch collective would have set it.
     command, env = mpirun(bed, per_host, "-x", "MASTER_ADDR=node0", job=("--collective", "mpi"))
     [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=120)
     results = check_job(run, bed, per_host, "mpi")
     assert {r["main_address"] for r in results} == {"node0"}
     [port] = {r["main_port"] for r in results}  # from the job's id, the same on every rank
     assert 20000 <= port < 30000
+
+
+def test_ddp_over_mpi_across_two_hosts_needs_no_master_addr(bed, run_nodes):
+    command, env = mpirun(bed, 1, job=("--collective", "mpi"))
+    [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=120)
+    results = check_job(run, bed, 1, "mpi")
+    assert {r["main_address"] for r in results} == {None}
+
+
+def test_ddp_over_gloo_across_two_hosts_without_master_addr_says_to_set_it(bed, run_nodes):
+    command, env = mpirun(bed, 1)
+    [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=120)
+    assert run.returncode != 0, run.describe()
+    assert "set MASTER_ADDR to rank 0's host name" in run.stdout + run.stderr, run.describe()
 
 
 @pytest.mark.parametrize("main", ["name", "address"])

@@ -552,7 +552,21 @@ class MPIEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return _var("MASTER_ADDR") or _LOOPBACK
+        """``MASTER_ADDR``; ``127.0.0.1`` on one node. On several nodes
+        without it, reading this raises: a collective that meets at an
+        address (the ``torch`` one) needs it, one that talks through MPI
+        (``collective="mpi"``) reads none."""
+        address = _var("MASTER_ADDR")
+        if address:
+            return address
+        if self._one_node:
+            return _LOOPBACK
+        raise MisconfigurationError(
+            f"mpirun started ranks on {self.world_size // self._local_size} nodes, and without talking "
+            "to each other they cannot agree on rank 0's host, where this collective meets; set "
+            "MASTER_ADDR to rank 0's host name and pass it to every rank (OpenMPI: mpirun -x "
+            "MASTER_ADDR=host0 -x MASTER_PORT=29500 ...), or use collective='mpi', which needs no address"
+        )
 
     @property
     def main_port(self) -> int:
@@ -590,12 +604,6 @@ class MPIEnvironment(ClusterEnvironment):
         )
         if self._one_node:
             return
-        if _var("MASTER_ADDR") is None:
-            raise MisconfigurationError(
-                f"mpirun started ranks on {num_nodes} nodes, and without talking to each other they "
-                "cannot agree on rank 0's host; set MASTER_ADDR to rank 0's host name and pass it to "
-                "every rank (OpenMPI: mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)"
-            )
         if _var(*self._LOCAL_RANK) is None:
             raise MisconfigurationError(
                 f"mpirun started ranks on {num_nodes} nodes but set no local rank "

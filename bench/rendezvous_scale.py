@@ -1,0 +1,1102 @@
+"""A job in rounds at scale, by simulation: the rendezvous, the restart round
+and the failure watch of N nodes against node 0's one job store.
+
+    python bench/rendezvous_scale.py [--nodes 256] [--procs 8] [--steady 10] [--repeats 3]
+        [--keep-alive 1] [--last-call 3] [--watch poll|push] [--json]
+    python bench/rendezvous_scale.py --nodes 32,64,128,256      # the growth, and 4,096 by the model
+
+The driver hosts the job's store on 127.0.0.1 with
+``phalanx_core.launching.hosted_store`` (a ``TCPStore`` server, its libuv
+thread in the driver process). Each simulated node is a thread in one of
+``--procs`` worker processes (256 processes that import torch would need
+about 60 GB); each does what a node's launching process does with the
+job's store and nothing else:
+
+* phalanx's ``RoundRendezvous``, made by ``_rounds._create`` from the
+  ``RendezvousParameters`` that ``SubprocessLauncher._rounds()`` gives
+  elastic (min_nodes N-1, max_nodes N, join/last_call/close timeouts,
+  ``keep_alive_interval`` = ``_rounds.KEEP_ALIVE``, 3 attempts), on a
+  ``TCPStore`` client of its own (elastic's ``_NodeDescGenerator`` gives
+  every handler of a process its own local id, so the node descriptors
+  differ). It joins with ``next_rendezvous()``, then loops as elastic's
+  agent does: every ``monitor_interval`` (0.1 s) ``num_nodes_waiting()``,
+  a new round when a node waits; after each round the agent's
+  ``_assign_worker_ranks`` on the round's store and ``restarts()``; on a
+  failure ``count_failure()`` and a new round. Heartbeats are elastic's
+  own timer thread.
+* phalanx's node watch: ``_elastic._NodeWatch`` itself (its own client,
+  ``PrefixStore("phalanx/failed", ...)``, ``add("posts", 0)`` every
+  ``POLL`` = 0.2 s), where interrupting the node records the time instead
+  of sending SIGTERM. ``--watch push`` runs instead the change this
+  benchmark recommends: a blocking ``wait`` on the first post's key.
+
+Requests are counted at the client: every store a node uses is wrapped in
+a ``torch.distributed.Store`` subclass that counts each call, the bytes of
+the values sent and received, and failed ``compare_set`` calls, and hands
+the call on (``PrefixStore`` calls come back through it). ``TCPStore.get``
+is two requests on the wire (a WAIT, then the GET: checked at a TCP proxy
+while writing this), so the server requests are the calls with each get
+counted twice.
+
+Per N it measures, in order:
+
+A. join: from every node calling ``next_rendezvous()`` at once to every
+   node back from it in one round (a late node that ends on the wait list
+   makes the others start a round again, as the agent would: counted);
+B. steady (``--steady`` s): requests per second at the store by kind,
+   payload bytes per second, failed ``compare_set``, the rendezvous
+   state's blob (base64 as stored, and pickled), each heartbeat's
+   duration, the oldest heartbeat in the state (a node is dropped at
+   3 x keep-alive), the CPU of the store's thread, of the driver and of
+   the workers, how late the 0.1 s monitor ticks fire (the simulation's
+   own saturation) and the load average;
+C. the failure watch (``--repeats`` times): one node posts a failure as
+   ``_NodeWatch.settle`` does; the time until every other node's watch
+   has seen it;
+C2. the cascade: the same post while every other node settles a "lost a
+   peer" failure of its own at that moment (what every node of a job does
+   when one rank dies); the time until every settle returned, and the reads;
+D. the restart round: one node dies (its heartbeats and threads stop),
+   every other node calls ``next_rendezvous()`` again at once; the time
+   until every one is back in a new round of N-1, with when the dead node
+   left the stored state, the round went up, N-1 had joined (last call
+   begins) and the round completed (from a sampler reading the state
+   every 0.25 s);
+E. the store's capacity for small requests: every node's watch client
+   calls ``add`` in a loop for ``--capacity`` s; requests per second and
+   the store thread's CPU per request;
+F. one read-modify-write of the state blob (get, unpickle, a heartbeat,
+   pickle, compare_set) with nobody else writing: the window during which
+   a heartbeat's write can be beaten by another node's.
+
+It then prints a table per N, the growth between sizes and an
+extrapolation to ``--target`` nodes (4,096) by the model stated next to
+each line. On a machine of few cores the simulation itself (N Python
+threads unpickling the state) takes the CPU the store would have: the
+CPU figures say how much. This prints; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import resource
+import statistics
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch.distributed as dist
+from phalanx_core import RankFailure
+from phalanx_core.launching import hosted_store, root_cause
+from phalanx_torch import _rounds
+from phalanx_torch._elastic import _NodeWatch
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+LOOPBACK = "127.0.0.1"
+MONITOR = 0.1  # elastic's monitor_interval, as the launcher sets it
+TARGET = 4096
+RAISED = "Traceback (most recent call last):\n  File \"train.py\", line 9\nValueError: boom"
+LOST_PEER = "Traceback (most recent call last):\n  File \"train.py\", line 9\nRuntimeError: Connection reset by peer"
+
+
+# --------------------------------------------------------------------------- counting
+
+
+class Counts:
+    """Calls, payload bytes out and in, and failures, per (kind, op), for a
+    whole worker process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.table: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, kind: str, op: str, out: int = 0, back: int = 0, failed: int = 0) -> None:
+        with self.lock:
+            row = self.table.setdefault((kind, op), [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += out
+            row[2] += back
+            row[3] += failed
+
+    def snapshot(self) -> dict[str, list[int]]:
+        with self.lock:
+            return {f"{kind}|{op}": list(row) for (kind, op), row in self.table.items()}
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, (bytes, str)) else 0
+
+
+class CountedStore(dist.Store):
+    """Counts every call and hands it on to ``inner``. ``kind`` names the
+    client; calls on the rendezvous state's key count as ``state``."""
+
+    def __init__(self, inner: Any, counts: Counts, kind: str, state_key: str = "") -> None:
+        super().__init__()
+        self.inner, self.counts, self.kind, self.state_key = inner, counts, kind, state_key
+
+    def _kind(self, key: str) -> str:
+        return "state" if key == self.state_key else self.kind
+
+    def set(self, key: str, value: Any) -> None:
+        self.counts.add(self._kind(key), "set", out=_size(value))
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value = self.inner.get(key)
+        self.counts.add(self._kind(key), "get", back=len(value))
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        self.counts.add(self._kind(key), "add")
+        return int(self.inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        value = self.inner.compare_set(key, expected, desired)
+        wanted = desired.encode() if isinstance(desired, str) else bytes(desired)
+        failed = int(value != wanted)
+        self.counts.add(self._kind(key), "compare_set", _size(expected) + _size(desired), len(value), failed)
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        self.counts.add(self.kind, "check")
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.counts.add(self.kind, "wait")
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values = self.inner.multi_get(keys)
+        self.counts.add(self.kind, "multi_get", back=sum(len(v) for v in values))
+        return values
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self.counts.add(self.kind, "multi_set", out=sum(_size(v) for v in values))
+        self.inner.multi_set(keys, values)
+
+    def delete_key(self, key: str) -> bool:
+        self.counts.add(self.kind, "delete_key")
+        return bool(self.inner.delete_key(key))
+
+    def num_keys(self) -> int:
+        return int(self.inner.num_keys())
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+
+# --------------------------------------------------------------------------- one node
+
+
+class SimWatch(_NodeWatch):
+    """phalanx's node watch, whose interrupt records the time instead of
+    sending SIGTERM to the process (which holds 32 nodes here)."""
+
+    #: ``--watch push``: seconds of one blocking wait.
+    WAIT = 30.0
+
+    def __init__(self, connect: Any, index: int, num_nodes: int, seen: Any, mode: str) -> None:
+        super().__init__(connect, index, num_nodes, hosts_store=False)
+        self.me = f"sim-{index}"
+        self.seen = seen
+        self.mode = mode
+
+    def start(self) -> None:
+        target = self._watch if self.mode == "poll" else self._watch_push
+        self._thread = threading.Thread(target=target, name="sim-watch", daemon=True)
+        self._thread.start()
+
+    def _interrupt(self) -> None:
+        with self._signal_lock:
+            if not self._stop.is_set():
+                self.seen(time.monotonic())
+
+    def _watch_push(self) -> None:
+        """The recommended ``_NodeWatch._watch``: block on the first post's
+        key (the store answers when it is set) instead of polling."""
+        while not _rounds.MET.wait(self.POLL):
+            if self._stop.is_set():
+                return
+        try:
+            store = self._connect()
+            while not self._stop.is_set():
+                try:
+                    store.wait(["post/1"], datetime.timedelta(seconds=self.WAIT))
+                except dist.DistStoreError:  # nothing posted within WAIT: wait again
+                    continue
+                posts = self._others()
+                if posts:
+                    self.remote = root_cause(posts)
+                    store.add("done", 1)
+                    self._interrupt()
+                    return
+        except (RuntimeError, ValueError, OSError):
+            return
+
+
+class SimNode:
+    """One node's launching process, as far as the job's store sees it."""
+
+    def __init__(self, index: int, cfg: SimpleNamespace, counts: Counts, events: Any) -> None:
+        self.index, self.cfg, self.counts, self.events = index, cfg, counts, events
+        place = _rounds.parse_rendezvous(None, LOOPBACK, cfg.port)
+        wait = datetime.timedelta(seconds=cfg.timeout)
+        self.client = CountedStore(
+            dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait),
+            counts,
+            "agent",
+            f"torch.rendezvous.{place.name}",
+        )
+        # What SubprocessLauncher._rounds() gives elastic's launch, and
+        # elastic's launch gives RendezvousParameters (the store: this
+        # node's own client rather than one job_store() would connect).
+        configs = {
+            "place": place,
+            "listen": LOOPBACK,
+            "store": self.client,
+            "timeout": cfg.timeout,
+            "join_timeout": cfg.timeout,
+            "last_call_timeout": max(1, math.ceil(cfg.last_call)),
+            "close_timeout": 30,
+            "keep_alive_interval": cfg.keep_alive,
+            "keep_alive_max_attempt": 3,
+            "say": None,
+        }
+        params = RendezvousParameters(
+            backend=_rounds.ELASTIC,
+            endpoint=place.endpoint,
+            run_id=place.name,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.num_nodes,
+            local_addr=LOOPBACK,
+            **configs,
+        )
+        self.handler = _rounds._create(params)
+        self.handler.hosts_store = False  # only node 0's launching process hosts it
+        self.desc = repr(self.handler._inner._this_node)
+        self.heartbeats: list[float] = []
+        inner = self.handler._inner
+        keep_alive = inner._keep_alive
+
+        def timed_keep_alive() -> None:  # elastic's timer calls self._keep_alive()
+            start = time.monotonic()
+            keep_alive()
+            self.heartbeats.append(time.monotonic() - start)
+
+        inner._keep_alive = timed_keep_alive
+        self.watch_client = CountedStore(
+            dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
+        )
+        self.watch: SimWatch | None = None
+        self.stop = threading.Event()
+        self.restart = threading.Event()
+        self.late: list[float] = []
+        self.in_round = False
+        self.thread = threading.Thread(target=self.run, name=f"sim-node-{index}", daemon=True)
+
+    def emit(self, *event: Any) -> None:
+        self.events.put(event)
+
+    def arm(self, rep: int) -> None:
+        """A fresh watch, on keys of its own (``rep<N>/phalanx/failed/...``)."""
+        if self.watch is not None:
+            self.watch._stop.set()
+        client = self.watch_client
+        self.watch = SimWatch(
+            lambda: dist.PrefixStore(f"rep{rep}", client),
+            self.index,
+            self.cfg.num_nodes,
+            lambda when: self.emit("seen", self.index, rep, when),
+            self.cfg.watch,
+        )
+        self.watch.start()
+
+    def _join(self) -> None:
+        self.emit("rdzv", self.index, time.monotonic())
+        info = self.handler.next_rendezvous()
+        spec = SimpleNamespace(role="phalanx", local_world_size=1)
+        SimpleElasticAgent._assign_worker_ranks(None, info.store, info.rank, info.world_size, spec)  # type: ignore[arg-type]
+        self.handler.restarts()
+        self.emit("joined", self.index, self.handler.round, info.rank, info.world_size, time.monotonic())
+
+    def run(self) -> None:
+        try:
+            self._join()
+            every = max(1, round(self.cfg.waiting_every / MONITOR))
+            tick = 0
+            while not self.stop.is_set():
+                before = time.monotonic()
+                if self.stop.wait(MONITOR):
+                    break
+                self.late.append(time.monotonic() - before - MONITOR)
+                if self.restart.is_set():  # this node's ranks failed: the agent counts it, meets again
+                    self.restart.clear()
+                    self.handler.count_failure()
+                    self._join()
+                    continue
+                tick += 1
+                if tick % every == 0 and self.handler.num_nodes_waiting() > 0:
+                    self.emit("waiting", self.index, time.monotonic())
+                    self._join()
+        except Exception as exc:  # noqa: BLE001 - reported to the driver, which prints it
+            if not self.stop.is_set():
+                self.emit("error", self.index, f"{type(exc).__name__}: {exc}"[:300])
+
+    def kill(self) -> None:
+        """As if the node's host went away: no more heartbeats, no threads."""
+        self.stop.set()
+        self.handler._inner._stop_heartbeats()
+        if self.watch is not None:
+            self.watch._stop.set()
+
+    def settle(self, rep: int, failure: RankFailure) -> None:
+        assert self.watch is not None
+        start = time.monotonic()
+        first = self.watch.settle(failure)
+        self.emit("settled", self.index, rep, start, time.monotonic(), first.traceback == RAISED)
+
+    def hammer(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        calls = 0
+        while time.monotonic() < deadline:
+            self.watch_client.inner.add("cap", 0)
+            calls += 1
+        self.counts.add("cap", "add")
+        with self.counts.lock:
+            self.counts.table[("cap", "add")][0] += calls - 1
+
+
+class _CountingHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def _worker(wid: int, indices: list[int], cfg: SimpleNamespace, commands: Any, events: Any) -> None:
+    """One worker process: the nodes ``indices``, driven by ``commands``."""
+    warnings = _CountingHandler()
+    for name in ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "torch.distributed.elastic"):
+        log = logging.getLogger(name)
+        log.addHandler(warnings)
+        log.propagate = False
+    counts = Counts()
+    nodes = {index: SimNode(index, cfg, counts, events) for index in indices}
+    events.put(("ready", wid, {index: node.desc for index, node in nodes.items()}))
+    while True:
+        command, *args = commands.get()
+        if command == "go":
+            for node in nodes.values():
+                node.arm(0)
+                node.thread.start()
+        elif command == "stats":
+            late: list[float] = []
+            beats: list[float] = []
+            for node in nodes.values():
+                late += node.late
+                beats += node.heartbeats
+                node.late, node.heartbeats = [], []
+            cpu = time.process_time()
+            events.put(("stats", wid, counts.snapshot(), cpu, late, beats, warnings.count))
+        elif command == "arm":
+            for node in nodes.values():
+                if not node.stop.is_set():
+                    node.arm(args[0])
+        elif command == "post":
+            index, rep = args
+            failure = RankFailure(index, 1, RAISED, time.time(), node=index, host="sim")
+            threading.Thread(target=nodes[index].settle, args=(rep, failure), daemon=True).start()
+        elif command == "cascade":
+            rep, root = args
+            for index, node in nodes.items():
+                text = RAISED if index == root else LOST_PEER
+                failure = RankFailure(index, 1, text, time.time(), node=index, host="sim")
+                threading.Thread(target=node.settle, args=(rep, failure), daemon=True).start()
+        elif command == "kill":
+            nodes[args[0]].kill()
+        elif command == "restart":
+            for node in nodes.values():
+                node.restart.set()
+        elif command == "hammer":
+            threads = [
+                threading.Thread(target=node.hammer, args=(args[0],), daemon=True)
+                for node in nodes.values()
+                if not node.stop.is_set()
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            events.put(("hammered", wid))
+        elif command == "stop":
+            for node in nodes.values():
+                node.kill()
+            events.put(("stopped", wid))
+            return
+
+
+def _worker_main(wid: int, indices: list[int], cfg: SimpleNamespace, commands: Any, events: Any) -> None:
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # what _rounds sets around each round
+    try:
+        _worker(wid, indices, cfg, commands, events)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which prints it
+        events.put(("error", -1 - wid, f"worker {wid}: {type(exc).__name__}: {exc}"[:300]))
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+class Collector:
+    """Every event from the workers, in the driver."""
+
+    def __init__(self, events: Any) -> None:
+        self.events = events
+        self.cond = threading.Condition()
+        self.items: list[tuple[Any, ...]] = []
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while not self.done.is_set():
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            with self.cond:
+                self.items.append(event)
+                if event[0] == "error":
+                    self.errors.append(str(event[2]))
+                self.cond.notify_all()
+
+    def of(self, kind: str) -> list[tuple[Any, ...]]:
+        with self.cond:
+            return [event for event in self.items if event[0] == kind]
+
+    def wait_for(self, predicate: Any, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.5))
+            return True
+
+
+class Sampler:
+    """Reads the rendezvous state from the store every ``every`` seconds
+    (its own client, not counted)."""
+
+    def __init__(self, port: int, key: str, every: float) -> None:
+        self.client = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+        self.key, self.every = key, every
+        self.samples: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def read(self) -> dict[str, Any] | None:
+        if not self.client.check([self.key]):
+            return None
+        raw = self.client.get(self.key)
+        if raw == b"Y2FuaW1hZGFt":  # elastic's empty state
+            return None
+        bits = base64.b64decode(raw)
+        state = pickle.loads(bits)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ages = [(now - beat).total_seconds() for beat in state.last_heartbeats.values()]
+        return {
+            "t": time.monotonic(),
+            "b64": len(raw),
+            "pickled": len(bits),
+            "round": state.round,
+            "complete": state.complete,
+            "deadline": state.deadline is not None,
+            "participants": {repr(node) for node in state.participants},
+            "wait_list": len(state.wait_list),
+            "beats": {repr(node) for node in state.last_heartbeats},
+            "max_age": max(ages, default=0.0),
+        }
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            with contextlib.suppress(Exception):
+                sample = self.read()
+                if sample is not None:
+                    self.samples.append(sample)
+
+    def between(self, start: float, end: float) -> list[dict[str, Any]]:
+        return [s for s in self.samples if start <= s["t"] <= end]
+
+
+def _store_thread_cpu() -> float:
+    """CPU seconds of the store server's threads in this process."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("pt_tcpstore"):
+                    continue
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Run:
+    """One simulated job of ``n`` nodes."""
+
+    def __init__(self, n: int, args: argparse.Namespace, ctx: Any) -> None:
+        self.n, self.args, self.ctx = n, args, ctx
+        self.wait = datetime.timedelta(seconds=args.timeout)
+        self.store = hosted_store(LOOPBACK, 0, timeout=self.wait)
+        self.port = self.store.port
+        place = _rounds.parse_rendezvous(None, LOOPBACK, self.port)
+        self.key = f"torch.rendezvous.{place.name}"
+        self.procs = min(args.procs, n)
+        self.cfg = SimpleNamespace(
+            port=self.port,
+            num_nodes=n,
+            min_nodes=max(1, n - 1),
+            timeout=args.timeout,
+            last_call=args.last_call,
+            keep_alive=args.keep_alive,
+            watch=args.watch,
+            waiting_every=args.waiting_every,
+        )
+        self.events = ctx.Queue()
+        self.commands = [ctx.Queue() for _ in range(self.procs)]
+        self.owner = {index: index % self.procs for index in range(n)}
+        self.collector = Collector(self.events)
+        self.workers: list[Any] = []
+        self.desc: dict[int, str] = {}
+        self.result: dict[str, Any] = {"nodes": n, "procs": self.procs}
+
+    def send(self, wid: int, *command: Any) -> None:
+        self.commands[wid].put(command)
+
+    def send_all(self, *command: Any) -> None:
+        for wid in range(self.procs):
+            self.send(wid, *command)
+
+    def start(self) -> None:
+        for wid in range(self.procs):
+            indices = [index for index, owner in self.owner.items() if owner == wid]
+            worker = self.ctx.Process(
+                target=_worker_main, args=(wid, indices, self.cfg, self.commands[wid], self.events), daemon=True
+            )
+            worker.start()
+            self.workers.append(worker)
+        ok = self.collector.wait_for(
+            lambda: len(self.collector.of("ready")) == self.procs or bool(self.collector.errors), 180
+        )
+        if not ok or self.collector.errors:
+            raise RuntimeError(f"workers did not start: {self.collector.errors[:3]}")
+        for event in self.collector.of("ready"):
+            self.desc.update(event[2])
+
+    def stats(self) -> dict[str, Any]:
+        before = len(self.collector.of("stats"))
+        self.send_all("stats")
+        self.collector.wait_for(lambda: len(self.collector.of("stats")) >= before + self.procs, 30)
+        replies = self.collector.of("stats")[before:]
+        table: dict[str, list[int]] = {}
+        cpu = 0.0
+        late: list[float] = []
+        beats: list[float] = []
+        warnings = 0
+        for _, _, counts, worker_cpu, worker_late, worker_beats, worker_warnings in replies:
+            for key, row in counts.items():
+                table[key] = [a + b for a, b in zip(table.get(key, [0, 0, 0, 0]), row)]
+            cpu += worker_cpu
+            late += worker_late
+            beats += worker_beats
+            warnings += worker_warnings
+        return {
+            "t": time.monotonic(),
+            "table": table,
+            "workers_cpu": cpu,
+            "late": late,
+            "beats": beats,
+            "warnings": warnings,
+            "store_cpu": _store_thread_cpu(),
+            "driver_cpu": _self_cpu(),
+            "load": os.getloadavg()[0],
+        }
+
+    def latest_rounds(self, alive: set[int]) -> tuple[dict[int, tuple[int, float]], set[int]]:
+        joined: dict[int, tuple[int, float]] = {}
+        pending: set[int] = set()
+        for event in self.collector.of("rdzv") + self.collector.of("joined"):
+            pass
+        with self.collector.cond:
+            for event in self.collector.items:
+                if event[0] == "rdzv" and event[1] in alive:
+                    pending.add(event[1])
+                elif event[0] == "joined" and event[1] in alive:
+                    pending.discard(event[1])
+                    joined[event[1]] = (event[2], event[5])
+        return joined, pending
+
+    def settled_round(self, alive: set[int], above: int) -> tuple[int, float] | None:
+        joined, pending = self.latest_rounds(alive)
+        if pending or len(joined) < len(alive):
+            return None
+        rounds = {r for r, _ in joined.values()}
+        if len(rounds) != 1 or next(iter(rounds)) <= above:
+            return None
+        return next(iter(rounds)), max(t for _, t in joined.values())
+
+    # ------------------------------------------------------------------ phases
+
+    def phase_join(self) -> None:
+        alive = set(range(self.n))
+        start = time.monotonic()
+        self.send_all("go")
+        ok = self.collector.wait_for(
+            lambda: self.settled_round(alive, -1) is not None or bool(self.collector.errors), self.args.timeout
+        )
+        settled = self.settled_round(alive, -1)
+        if not ok or settled is None:
+            raise RuntimeError(f"the first round did not form: {self.collector.errors[:3]}")
+        self.round, end = settled
+        samples = self.sampler.between(start, end + 1)
+        self.result["join_s"] = end - start
+        self.result["join_round"] = self.round
+        self.result["join_rounds_started"] = len(self.collector.of("waiting"))
+        self.result["join_min_reached_s"] = next(
+            (s["t"] - start for s in samples if s["deadline"] or s["complete"]), float("nan")
+        )
+
+    def phase_steady(self) -> None:
+        time.sleep(2.0)
+        first = self.stats()
+        time.sleep(self.args.steady)
+        last = self.stats()
+        span = last["t"] - first["t"]
+        table = {
+            key: [b - a for a, b in zip(first["table"].get(key, [0, 0, 0, 0]), row)]
+            for key, row in last["table"].items()
+        }
+        calls = sum(row[0] for row in table.values())
+        requests = calls + sum(row[0] for key, row in table.items() if key.endswith("|get"))
+        by_kind: dict[str, float] = {}
+        for key, row in table.items():
+            by_kind[key] = row[0] / span
+        state_bytes = sum(row[1] + row[2] for key, row in table.items() if key.startswith("state|"))
+        all_bytes = sum(row[1] + row[2] for row in table.values())
+        cas = table.get("state|compare_set", [0, 0, 0, 0])
+        samples = self.sampler.between(first["t"], last["t"])
+        self.result.update(
+            steady_s=span,
+            calls_per_s=calls / span,
+            requests_per_s=requests / span,
+            by_op_per_s={key: round(value, 1) for key, value in sorted(by_kind.items())},
+            state_bytes_per_s=state_bytes / span,
+            bytes_per_s=all_bytes / span,
+            cas_per_s=cas[0] / span,
+            cas_failed=cas[3] / cas[0] if cas[0] else 0.0,
+            blob_b64=max((s["b64"] for s in samples), default=0),
+            blob_pickled=max((s["pickled"] for s in samples), default=0),
+            oldest_beat_s=max((s["max_age"] for s in samples), default=float("nan")),
+            fewest_in_state=min((len(s["beats"]) for s in samples), default=0),
+            heartbeat_median_s=statistics.median(last["beats"]) if last["beats"] else float("nan"),
+            heartbeat_p99_s=_pct(last["beats"], 0.99),
+            heartbeat_max_s=max(last["beats"], default=float("nan")),
+            heartbeat_warnings=last["warnings"] - first["warnings"],
+            late_median_s=statistics.median(last["late"]) if last["late"] else float("nan"),
+            late_p99_s=_pct(last["late"], 0.99),
+            store_cpu=(last["store_cpu"] - first["store_cpu"]) / span,
+            driver_cpu=(last["driver_cpu"] - first["driver_cpu"]) / span,
+            workers_cpu=(last["workers_cpu"] - first["workers_cpu"]) / span,
+            load=(first["load"] + last["load"]) / 2,
+        )
+
+    def phase_watch(self) -> None:
+        latencies: list[float] = []
+        medians: list[float] = []
+        for rep in range(self.args.repeats):
+            if rep:
+                self.send_all("arm", rep)
+                time.sleep(1.0)
+            poster = (rep * 7919 + 3) % self.n
+            self.send(self.owner[poster], "post", poster, rep)
+            want = self.n - 1
+            ok = self.collector.wait_for(
+                lambda rep=rep: len([e for e in self.collector.of("seen") if e[2] == rep]) >= want
+                and any(e[2] == rep for e in self.collector.of("settled")),
+                30,
+            )
+            settled = [e for e in self.collector.of("settled") if e[2] == rep]
+            seen = [e[3] for e in self.collector.of("seen") if e[2] == rep]
+            if not ok or not settled:
+                latencies.append(float("nan"))
+                continue
+            start = settled[0][3]
+            latencies.append(max(seen) - start)
+            medians.append(statistics.median(seen) - start)
+        self.result["watch_max_s"] = latencies
+        self.result["watch_median_s"] = medians
+
+    def phase_cascade(self) -> None:
+        rep = self.args.repeats
+        self.send_all("arm", rep)
+        time.sleep(1.0)
+        first = self.stats()
+        start = time.monotonic()
+        self.send_all("cascade", rep, 0)
+        ok = self.collector.wait_for(
+            lambda: len([e for e in self.collector.of("settled") if e[2] == rep]) >= self.n, 120
+        )
+        last = self.stats()
+        settled = [e for e in self.collector.of("settled") if e[2] == rep]
+        table = last["table"]
+        gets = table.get("watch|get", [0])[0] - first["table"].get("watch|get", [0])[0]
+        calls = sum(row[0] for row in table.values()) - sum(row[0] for row in first["table"].values())
+        self.result.update(
+            cascade_s=(max(e[4] for e in settled) - start) if ok else float("nan"),
+            cascade_median_s=statistics.median(e[4] - start for e in settled) if settled else float("nan"),
+            cascade_right=sum(1 for e in settled if e[5]),
+            cascade_post_gets=gets,
+            cascade_calls=calls,
+        )
+
+    def phase_restart(self) -> None:
+        self.send_all("arm", self.args.repeats + 1)
+        time.sleep(1.5)
+        victim = self.n - 1
+        alive = set(range(self.n)) - {victim}
+        desc = self.desc[victim]
+        before = self.round
+        start = time.monotonic()
+        self.send(self.owner[victim], "kill", victim)
+        self.send_all("restart")
+        ok = self.collector.wait_for(
+            lambda: self.settled_round(alive, before) is not None or bool(self.collector.errors), self.args.timeout
+        )
+        settled = self.settled_round(alive, before)
+        samples = self.sampler.between(start, time.monotonic() + 1)
+
+        def first(test: Any) -> float:
+            return next((s["t"] - start for s in samples if test(s)), float("nan"))
+
+        self.result.update(
+            restart_s=(settled[1] - start) if ok and settled else float("nan"),
+            restart_dead_gone_s=first(lambda s: desc not in s["beats"]),
+            restart_round_up_s=first(lambda s: s["round"] > before),
+            restart_min_reached_s=first(lambda s: s["round"] > before and (s["deadline"] or s["complete"])),
+            restart_complete_s=first(lambda s: s["round"] > before and s["complete"]),
+            restart_round=settled[0] if settled else None,
+        )
+
+    def phase_capacity(self) -> None:
+        if self.args.capacity <= 0:
+            return
+        first = self.stats()
+        before = len(self.collector.of("hammered"))
+        self.send_all("hammer", self.args.capacity)
+        self.collector.wait_for(
+            lambda: len(self.collector.of("hammered")) >= before + self.procs, self.args.capacity + 30
+        )
+        last = self.stats()
+        span = last["t"] - first["t"]
+        calls = last["table"].get("cap|add", [0])[0] - first["table"].get("cap|add", [0])[0]
+        other = sum(row[0] for row in last["table"].values()) - sum(row[0] for row in first["table"].values())
+        store_cpu = last["store_cpu"] - first["store_cpu"]
+        self.result.update(
+            capacity_adds_per_s=calls / span,
+            capacity_store_cpu=store_cpu / span,
+            capacity_us_per_request=1e6 * store_cpu / max(1, other),
+            capacity_workers_cpu=(last["workers_cpu"] - first["workers_cpu"]) / span,
+        )
+
+    def phase_window(self) -> None:
+        """F: one heartbeat's read-modify-write, nobody else writing."""
+        client = self.sampler.client
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            raw = client.get(self.key)
+            state = pickle.loads(base64.b64decode(raw))
+            node = next(iter(state.last_heartbeats))
+            state.last_heartbeats[node] = datetime.datetime.now(datetime.timezone.utc)
+            new = base64.b64encode(pickle.dumps(state)).decode()
+            client.compare_set(self.key, raw.decode(), new)
+            times.append(time.perf_counter() - start)
+        self.result["cas_window_s"] = statistics.median(times)
+
+    def run(self) -> dict[str, Any]:
+        self.start()
+        self.sampler = Sampler(self.port, self.key, 0.25)
+        try:
+            self.phase_join()
+            self.phase_steady()
+            self.phase_watch()
+            self.phase_cascade()
+            self.phase_restart()
+            self.phase_capacity()
+        finally:
+            self.send_all("stop")
+            self.collector.wait_for(lambda: len(self.collector.of("stopped")) >= self.procs, 30)
+            self.sampler.stop.set()
+            self.sampler.thread.join(2)
+        time.sleep(1.5)  # the last heartbeats' writes
+        self.phase_window()
+        self.result["errors"] = self.collector.errors[:5]
+        return self.result
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()  # by its own pid, started here
+                worker.join(5)
+        self.collector.done.set()
+        self.collector.thread.join(2)
+        with contextlib.suppress(Exception):
+            del self.sampler
+        del self.store
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ms(value: float) -> str:
+    return "-" if value != value else f"{1000 * value:.0f} ms"  # noqa: PLR0124 - nan
+
+
+def _s(value: float) -> str:
+    return "-" if value != value else f"{value:.2f} s"  # noqa: PLR0124 - nan
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
+    n = r["nodes"]
+    print(f"\n== {n} nodes ({r['procs']} processes), keep-alive {args.keep_alive} s x 3, last call "
+          f"{max(1, math.ceil(args.last_call))} s, min_nodes {max(1, n - 1)}, watch {args.watch} ==")
+    rows = [
+        ("A. join: all nodes in one round", _s(r["join_s"])),
+        ("   N-1 joined (last call began)", _s(r["join_min_reached_s"])),
+        ("   extra rounds (a late node waited)", str(r["join_rounds_started"] and r["join_round"])),
+        ("B. requests/s at the store (get = 2)", f"{r['requests_per_s']:.0f} ({r['calls_per_s']:.0f} calls)"),
+        ("   per node", f"{r['requests_per_s'] / n:.2f}"),
+        ("   calls/s by kind|op", ", ".join(f"{k} {v:g}" for k, v in r["by_op_per_s"].items())),
+        ("   rendezvous state payload", f"{_bytes(r['state_bytes_per_s'])}/s (all: {_bytes(r['bytes_per_s'])}/s)"),
+        ("   state blob (base64 / pickled)", f"{_bytes(r['blob_b64'])} / {_bytes(r['blob_pickled'])}"),
+        ("   compare_set/s, failed", f"{r['cas_per_s']:.0f}, {100 * r['cas_failed']:.0f} %"),
+        ("   heartbeat op median/p99/max", f"{_ms(r['heartbeat_median_s'])} / {_ms(r['heartbeat_p99_s'])} / "
+                                           f"{_ms(r['heartbeat_max_s'])}"),
+        ("   oldest heartbeat in the state", f"{_s(r['oldest_beat_s'])} (dropped at {3 * args.keep_alive} s)"),
+        ("   fewest nodes in the state", str(r["fewest_in_state"])),
+        ("   heartbeat warnings", str(r["heartbeat_warnings"])),
+        ("   CPU: store thread / driver / workers", f"{100 * r['store_cpu']:.0f} % / {100 * r['driver_cpu']:.0f} % / "
+                                                   f"{100 * r['workers_cpu']:.0f} % of a core"),
+        ("   monitor tick late median/p99", f"{_ms(r['late_median_s'])} / {_ms(r['late_p99_s'])}"),
+        ("   load average (1 min)", f"{r['load']:.1f}"),
+        ("C. one post to every watch: max", ", ".join(_ms(v) for v in r["watch_max_s"])),
+        ("   median", ", ".join(_ms(v) for v in r["watch_median_s"])),
+        ("C2. cascade: every node settled", f"{_s(r['cascade_s'])} (median {_s(r['cascade_median_s'])}), "
+                                           f"{r['cascade_right']}/{n} named the raised rank"),
+        ("   post reads / all calls", f"{r['cascade_post_gets']} / {r['cascade_calls']}"),
+        ("D. node lost to a new round of N-1", _s(r["restart_s"])),
+        ("   dead node out of the stored state", _s(r["restart_dead_gone_s"])),
+        ("   round went up", _s(r["restart_round_up_s"])),
+        ("   N-1 joined (last call began)", _s(r["restart_min_reached_s"])),
+        ("   round complete", _s(r["restart_complete_s"])),
+    ]
+    if "capacity_adds_per_s" in r:
+        rows += [
+            ("E. small adds/s, everyone hammering", f"{r['capacity_adds_per_s']:.0f}"),
+            ("   store thread CPU, per request", f"{100 * r['capacity_store_cpu']:.0f} %, "
+                                                f"{r['capacity_us_per_request']:.1f} us"),
+        ]
+    rows.append(("F. state read-modify-write alone", _ms(r["cas_window_s"])))
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+    for error in r["errors"]:
+        print(f"   error: {error}")
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def _exponent(xs: list[float], ys: list[float]) -> float:
+    good = [(x, y) for x, y in zip(xs, ys) if y == y and y > 0]  # noqa: PLR0124 - nan
+    if len(good) < 2:
+        return float("nan")
+    return _fit([math.log(x) for x, _ in good], [math.log(y) for _, y in good])[1]
+
+
+def print_growth(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    ns = [float(r["nodes"]) for r in results]
+    target = args.target
+    keep = args.keep_alive
+    if len(results) > 1:
+        print("\n== growth (exponent k of a fit value ~ N^k over the sizes run) ==")
+        metrics = [
+            ("join_s", "A. join"),
+            ("requests_per_s", "B. requests/s"),
+            ("state_bytes_per_s", "B. state bytes/s"),
+            ("blob_b64", "B. state blob"),
+            ("cas_failed", "B. compare_set failed"),
+            ("heartbeat_median_s", "B. heartbeat op"),
+            ("store_cpu", "B. store CPU"),
+            ("cascade_s", "C2. cascade"),
+            ("restart_s", "D. restart"),
+            ("cas_window_s", "F. write window"),
+        ]
+        head = "".join(f"{int(n):>11}" for n in ns)
+        print(f"{'':<24}{head}{'k':>7}")
+        for key, label in metrics:
+            values = [float(r.get(key, float("nan"))) for r in results]
+            row = "".join(f"{v:>11.4g}" for v in values)
+            print(f"{label:<24}{row}{_exponent(ns, values):>7.2f}")
+        watch = [max(r["watch_max_s"]) if r["watch_max_s"] else float("nan") for r in results]
+        print(f"{'C. watch, worst':<24}{''.join(f'{v:>11.4g}' for v in watch)}{_exponent(ns, watch):>7.2f}")
+    big = results[-1]
+    n = big["nodes"]
+    blob_a, blob_b = _fit(ns, [float(r["blob_b64"]) for r in results]) if len(results) > 1 else (
+        0.0, big["blob_b64"] / n)
+    blob = blob_a + blob_b * target
+    blob_per_node = big["state_bytes_per_s"] / (n * big["blob_b64"]) if big["blob_b64"] else float("nan")
+    state_bytes = blob_per_node * target * blob
+    other_per_node = (big["requests_per_s"]) / n
+    requests = other_per_node * target
+    us = big.get("capacity_us_per_request", float("nan"))
+    small_cpu = requests * us / 1e6
+    per_byte = max(0.0, big["store_cpu"] - big["requests_per_s"] * us / 1e6) / max(1.0, big["state_bytes_per_s"])
+    store_cpu = small_cpu + per_byte * state_bytes
+    win_a, win_b = _fit(ns, [r["cas_window_s"] for r in results]) if len(results) > 1 else (
+        0.0, big["cas_window_s"] / n)
+    window = win_a + win_b * target
+    rho_now = n / keep * big["cas_window_s"]
+    rho = target / keep * window
+    capacity = big.get("capacity_adds_per_s", float("nan"))
+    poll = _NodeWatch.POLL
+    burst = 4 * target  # add, add, get (2) and done per node, after the post
+    cascade_reads = target * target / 2  # each settling node reads the posts so far, ~N/2 on average
+    print(f"\n== {target:,} nodes, by the model (from the {n}-node run; keep-alive {keep} s) ==")
+    lines = [
+        ("state blob", f"{_bytes(blob)} base64", "linear fit over the sizes (each node: its descriptor and heartbeat)"),
+        ("state traffic", f"{_bytes(state_bytes)}/s", f"{blob_per_node:.2f} blobs per node-second "
+         f"(measured at {n}) x N x blob: ~N^2"),
+        ("requests", f"{requests:,.0f}/s", f"{other_per_node:.2f} per node-second (measured) x N"),
+        ("store thread CPU", f"{100 * store_cpu:,.0f} % of a core", f"{us:.1f} us per request (E) + "
+         f"{per_byte * 1e9:.2f} ns per state byte (B minus E)"),
+        ("write window", _ms(window), "F: read, unpickle, pickle, compare_set of the blob: linear fit"),
+        ("heartbeat load rho", f"{rho:,.1f} (now {rho_now:.2f})", "N / keep-alive x window: above ~0.5 the "
+         "heartbeats collide; above 1 they cannot all land in a keep-alive, nodes get dropped at 3 x"),
+        ("keep-alive for rho 0.5", f"{2 * target * window:,.0f} s", "2 x N x window"),
+        ("watch: one post to all", f"{poll:.1f} s + {burst / capacity:.2f} s" if capacity == capacity
+         else "-", f"poll interval + {burst:,} requests at E's {capacity:,.0f}/s"),  # noqa: PLR0124
+        ("watch: poll load", f"{target / poll:,.0f} adds/s", "N / 0.2 s, always (push: 0 while nothing fails)"),
+        ("cascade: post reads", f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s"
+         if capacity == capacity else "-", "every settling node reads every post so far: ~N^2/2"),  # noqa: PLR0124
+        ("restart after a lost node", f"{3 * keep + max(1, math.ceil(args.last_call)) + 1:.0f} s + join storm",
+         "3 x keep-alive (dropped) + last call + <= 1 s (elastic's SYNC sleeps), + the joins' writes"),
+        ("connections at node 0", f"{2 * target:,}", "2 per node (agent + watch): ulimit -n must allow it"),
+    ]
+    width = max(len(a) for a, _, _ in lines)
+    vwidth = max(len(b) for _, b, _ in lines)
+    for label, value, model in lines:
+        print(f"{label:<{width}}  {value:>{vwidth}}  {model}")
+    return {
+        "target": target,
+        "blob_b64": blob,
+        "state_bytes_per_s": state_bytes,
+        "requests_per_s": requests,
+        "store_cpu": store_cpu,
+        "write_window_s": window,
+        "rho": rho,
+        "rho_measured": rho_now,
+        "keep_alive_for_rho_half": 2 * target * window,
+        "cascade_reads": cascade_reads,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="256", help="comma list of node counts (default 256)")
+    parser.add_argument("--procs", type=int, default=8, help="worker processes the nodes are spread over")
+    parser.add_argument("--steady", type=float, default=10.0, help="seconds of steady state measured (B)")
+    parser.add_argument("--repeats", type=int, default=3, help="failure posts timed (C)")
+    parser.add_argument("--capacity", type=float, default=3.0, help="seconds of hammering (E); 0: skip")
+    parser.add_argument("--keep-alive", type=int, default=_rounds.KEEP_ALIVE, help="heartbeat interval, s")
+    parser.add_argument("--last-call", type=float, default=3.0, help="the launcher's last_call, s")
+    parser.add_argument("--waiting-every", type=float, default=MONITOR,
+                        help="seconds between num_nodes_waiting() calls (elastic: monitor_interval)")
+    parser.add_argument("--watch", choices=("poll", "push"), default="poll",
+                        help="poll: _NodeWatch as it is; push: a blocking wait on the first post")
+    parser.add_argument("--timeout", type=int, default=180, help="rendezvous and phase time limit, s")
+    parser.add_argument("--target", type=int, default=TARGET, help="node count to extrapolate to")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    sizes = [int(item) for item in args.nodes.split(",") if item.strip()]
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a timed-out wait logs a warning per call
+    ctx = mp.get_context("spawn")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; "
+          f"python {sys.version.split()[0]}")
+    results = []
+    for n in sizes:
+        run = Run(n, args, ctx)
+        try:
+            results.append(run.run())
+        finally:
+            run.close()
+        print_size(results[-1], args)
+    model = print_growth(results, args)
+    if args.json:
+        print(json.dumps({"sizes": results, "model": model}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
