@@ -89,6 +89,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import random
 import resource
 import statistics
 import sys
@@ -98,18 +99,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
-from phalanx_core import RankFailure
-from phalanx_core.launching import hosted_store, root_cause
-from phalanx_torch import _rounds
-from phalanx_torch._elastic import _NodeWatch
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from phalanx_core.launching import RankFailure, hosted_store, root_cause
+from phalanx_torch import _rounds
+from phalanx_torch._elastic import _NodeWatch
 
 LOOPBACK = "127.0.0.1"
 MONITOR = 0.1  # elastic's monitor_interval, as the launcher sets it
 TARGET = 4096
-RAISED = "Traceback (most recent call last):\n  File \"train.py\", line 9\nValueError: boom"
-LOST_PEER = "Traceback (most recent call last):\n  File \"train.py\", line 9\nRuntimeError: Connection reset by peer"
+RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: boom'
+LOST_PEER = (
+    'Traceback (most recent call last):\n  File "train.py", line 9\nRuntimeError: Connection reset by peer'
+)
 
 
 # --------------------------------------------------------------------------- counting
@@ -123,10 +126,10 @@ class Counts:
         self.lock = threading.Lock()
         self.table: dict[tuple[str, str], list[int]] = {}
 
-    def add(self, kind: str, op: str, out: int = 0, back: int = 0, failed: int = 0) -> None:
+    def add(self, kind: str, op: str, out: int = 0, back: int = 0, failed: int = 0, calls: int = 1) -> None:
         with self.lock:
             row = self.table.setdefault((kind, op), [0, 0, 0, 0])
-            row[0] += 1
+            row[0] += calls
             row[1] += out
             row[2] += back
             row[3] += failed
@@ -219,7 +222,13 @@ class SimWatch(_NodeWatch):
         self.mode = mode
 
     def start(self) -> None:
-        target = self._watch if self.mode == "poll" else self._watch_push
+        watch = self._watch if self.mode == "poll" else self._watch_push
+        phase = random.uniform(0, self.POLL)  # nodes' polls are not in step
+
+        def target() -> None:
+            if not self._stop.wait(phase):
+                watch()
+
         self._thread = threading.Thread(target=target, name="sim-watch", daemon=True)
         self._thread.start()
 
@@ -235,10 +244,14 @@ class SimWatch(_NodeWatch):
             if self._stop.is_set():
                 return
         try:
+            # A connection of its own: a blocked wait holds its client, and
+            # settle() must post on the other one meanwhile.
+            assert self.connect is not None
+            waiter = dist.PrefixStore("phalanx/failed", self.connect())
             store = self._connect()
             while not self._stop.is_set():
                 try:
-                    store.wait(["post/1"], datetime.timedelta(seconds=self.WAIT))
+                    waiter.wait(["post/1"], datetime.timedelta(seconds=self.WAIT))
                 except dist.DistStoreError:  # nothing posted within WAIT: wait again
                     continue
                 posts = self._others()
@@ -301,10 +314,8 @@ class SimNode:
             self.heartbeats.append(time.monotonic() - start)
 
         inner._keep_alive = timed_keep_alive
-        self.watch_client = CountedStore(
-            dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
-        )
         self.watch: SimWatch | None = None
+        self.clients: list[CountedStore] = []
         self.stop = threading.Event()
         self.restart = threading.Event()
         self.late: list[float] = []
@@ -314,13 +325,21 @@ class SimNode:
     def emit(self, *event: Any) -> None:
         self.events.put(event)
 
+    def connect(self, rep: int) -> Any:
+        """A new client of the job's store, as ``_NodeWatch.connect`` makes
+        one; keys of this repetition's own (``rep<N>/phalanx/failed/...``)."""
+        wait = datetime.timedelta(seconds=self.cfg.timeout)
+        client = dist.TCPStore(LOOPBACK, self.cfg.port, is_master=False, timeout=wait)
+        counted = CountedStore(client, self.counts, "watch")
+        self.clients.append(counted)  # a Python store lives only as long as its Python object
+        return dist.PrefixStore(f"rep{rep}", counted)
+
     def arm(self, rep: int) -> None:
-        """A fresh watch, on keys of its own (``rep<N>/phalanx/failed/...``)."""
+        """A fresh watch, as every launch has."""
         if self.watch is not None:
             self.watch._stop.set()
-        client = self.watch_client
         self.watch = SimWatch(
-            lambda: dist.PrefixStore(f"rep{rep}", client),
+            lambda: self.connect(rep),
             self.index,
             self.cfg.num_nodes,
             lambda when: self.emit("seen", self.index, rep, when),
@@ -372,15 +391,20 @@ class SimNode:
         first = self.watch.settle(failure)
         self.emit("settled", self.index, rep, start, time.monotonic(), first.traceback == RAISED)
 
-    def hammer(self, seconds: float) -> None:
+    def hammer(self, seconds: float, key: str) -> None:
+        """E: small adds (``key`` empty) or reads of ``key`` in a loop, on a
+        client of their own."""
+        wait = datetime.timedelta(seconds=self.cfg.timeout)
+        client = dist.TCPStore(LOOPBACK, self.cfg.port, is_master=False, timeout=wait)
         deadline = time.monotonic() + seconds
-        calls = 0
+        calls = size = 0
         while time.monotonic() < deadline:
-            self.watch_client.inner.add("cap", 0)
+            if key:
+                size += len(client.get(key))
+            else:
+                client.add("cap", 0)
             calls += 1
-        self.counts.add("cap", "add")
-        with self.counts.lock:
-            self.counts.table[("cap", "add")][0] += calls - 1
+        self.counts.add("cap", "get" if key else "add", back=size, calls=calls)
 
 
 class _CountingHandler(logging.Handler):
@@ -438,7 +462,7 @@ def _worker(wid: int, indices: list[int], cfg: SimpleNamespace, commands: Any, e
                 node.restart.set()
         elif command == "hammer":
             threads = [
-                threading.Thread(target=node.hammer, args=(args[0],), daemon=True)
+                threading.Thread(target=node.hammer, args=tuple(args), daemon=True)
                 for node in nodes.values()
                 if not node.stop.is_set()
             ]
@@ -619,7 +643,9 @@ class Run:
         for wid in range(self.procs):
             indices = [index for index, owner in self.owner.items() if owner == wid]
             worker = self.ctx.Process(
-                target=_worker_main, args=(wid, indices, self.cfg, self.commands[wid], self.events), daemon=True
+                target=_worker_main,
+                args=(wid, indices, self.cfg, self.commands[wid], self.events),
+                daemon=True,
             )
             worker.start()
             self.workers.append(worker)
@@ -643,7 +669,7 @@ class Run:
         warnings = 0
         for _, _, counts, worker_cpu, worker_late, worker_beats, worker_warnings in replies:
             for key, row in counts.items():
-                table[key] = [a + b for a, b in zip(table.get(key, [0, 0, 0, 0]), row)]
+                table[key] = [a + b for a, b in zip(table.get(key, [0, 0, 0, 0]), row, strict=True)]
             cpu += worker_cpu
             late += worker_late
             beats += worker_beats
@@ -663,8 +689,6 @@ class Run:
     def latest_rounds(self, alive: set[int]) -> tuple[dict[int, tuple[int, float]], set[int]]:
         joined: dict[int, tuple[int, float]] = {}
         pending: set[int] = set()
-        for event in self.collector.of("rdzv") + self.collector.of("joined"):
-            pass
         with self.collector.cond:
             for event in self.collector.items:
                 if event[0] == "rdzv" and event[1] in alive:
@@ -690,7 +714,8 @@ class Run:
         start = time.monotonic()
         self.send_all("go")
         ok = self.collector.wait_for(
-            lambda: self.settled_round(alive, -1) is not None or bool(self.collector.errors), self.args.timeout
+            lambda: self.settled_round(alive, -1) is not None or bool(self.collector.errors),
+            self.args.timeout,
         )
         settled = self.settled_round(alive, -1)
         if not ok or settled is None:
@@ -711,7 +736,7 @@ class Run:
         last = self.stats()
         span = last["t"] - first["t"]
         table = {
-            key: [b - a for a, b in zip(first["table"].get(key, [0, 0, 0, 0]), row)]
+            key: [b - a for a, b in zip(first["table"].get(key, [0, 0, 0, 0]), row, strict=True)]
             for key, row in last["table"].items()
         }
         calls = sum(row[0] for row in table.values())
@@ -759,8 +784,10 @@ class Run:
             self.send(self.owner[poster], "post", poster, rep)
             want = self.n - 1
             ok = self.collector.wait_for(
-                lambda rep=rep: len([e for e in self.collector.of("seen") if e[2] == rep]) >= want
-                and any(e[2] == rep for e in self.collector.of("settled")),
+                lambda rep=rep, want=want: (
+                    len([e for e in self.collector.of("seen") if e[2] == rep]) >= want
+                    and any(e[2] == rep for e in self.collector.of("settled"))
+                ),
                 30,
             )
             settled = [e for e in self.collector.of("settled") if e[2] == rep]
@@ -808,7 +835,8 @@ class Run:
         self.send(self.owner[victim], "kill", victim)
         self.send_all("restart")
         ok = self.collector.wait_for(
-            lambda: self.settled_round(alive, before) is not None or bool(self.collector.errors), self.args.timeout
+            lambda: self.settled_round(alive, before) is not None or bool(self.collector.errors),
+            self.args.timeout,
         )
         settled = self.settled_round(alive, before)
         samples = self.sampler.between(start, time.monotonic() + 1)
@@ -825,25 +853,43 @@ class Run:
             restart_round=settled[0] if settled else None,
         )
 
-    def phase_capacity(self) -> None:
-        if self.args.capacity <= 0:
-            return
+    def _hammer(self, key: str) -> dict[str, float]:
         first = self.stats()
         before = len(self.collector.of("hammered"))
-        self.send_all("hammer", self.args.capacity)
+        self.send_all("hammer", self.args.capacity, key)
         self.collector.wait_for(
             lambda: len(self.collector.of("hammered")) >= before + self.procs, self.args.capacity + 30
         )
         last = self.stats()
         span = last["t"] - first["t"]
-        calls = last["table"].get("cap|add", [0])[0] - first["table"].get("cap|add", [0])[0]
-        other = sum(row[0] for row in last["table"].values()) - sum(row[0] for row in first["table"].values())
-        store_cpu = last["store_cpu"] - first["store_cpu"]
+        diff = {
+            name: [b - a for a, b in zip(first["table"].get(name, [0, 0, 0, 0]), row, strict=True)]
+            for name, row in last["table"].items()
+        }
+        op = "cap|get" if key else "cap|add"
+        return {
+            "calls": diff.get(op, [0])[0] / span,
+            "requests": sum(row[0] * (2 if name.endswith("|get") else 1) for name, row in diff.items()),
+            "bytes": sum(row[1] + row[2] for row in diff.values()),
+            "store_cpu": last["store_cpu"] - first["store_cpu"],
+            "span": span,
+        }
+
+    def phase_capacity(self) -> None:
+        if self.args.capacity <= 0:
+            return
+        small = self._hammer("")
         self.result.update(
-            capacity_adds_per_s=calls / span,
-            capacity_store_cpu=store_cpu / span,
-            capacity_us_per_request=1e6 * store_cpu / max(1, other),
-            capacity_workers_cpu=(last["workers_cpu"] - first["workers_cpu"]) / span,
+            capacity_adds_per_s=small["calls"],
+            capacity_store_cpu=small["store_cpu"] / small["span"],
+            capacity_us_per_request=1e6 * small["store_cpu"] / max(1, small["requests"]),
+        )
+        big = self._hammer(self.key)
+        self.result.update(
+            capacity_blob_reads_per_s=big["calls"],
+            capacity_blob_bytes_per_s=big["bytes"] / big["span"],
+            capacity_blob_store_cpu=big["store_cpu"] / big["span"],
+            capacity_ns_per_byte=1e9 * big["store_cpu"] / max(1, big["bytes"]),
         )
 
     def phase_window(self) -> None:
@@ -898,11 +944,11 @@ class Run:
 
 
 def _ms(value: float) -> str:
-    return "-" if value != value else f"{1000 * value:.0f} ms"  # noqa: PLR0124 - nan
+    return "-" if math.isnan(value) else f"{1000 * value:.0f} ms"
 
 
 def _s(value: float) -> str:
-    return "-" if value != value else f"{value:.2f} s"  # noqa: PLR0124 - nan
+    return "-" if math.isnan(value) else f"{value:.2f} s"
 
 
 def _bytes(value: float) -> str:
@@ -915,8 +961,10 @@ def _bytes(value: float) -> str:
 
 def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
     n = r["nodes"]
-    print(f"\n== {n} nodes ({r['procs']} processes), keep-alive {args.keep_alive} s x 3, last call "
-          f"{max(1, math.ceil(args.last_call))} s, min_nodes {max(1, n - 1)}, watch {args.watch} ==")
+    print(
+        f"\n== {n} nodes ({r['procs']} processes), keep-alive {args.keep_alive} s x 3, last call "
+        f"{max(1, math.ceil(args.last_call))} s, min_nodes {max(1, n - 1)}, watch {args.watch} =="
+    )
     rows = [
         ("A. join: all nodes in one round", _s(r["join_s"])),
         ("   N-1 joined (last call began)", _s(r["join_min_reached_s"])),
@@ -924,22 +972,36 @@ def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
         ("B. requests/s at the store (get = 2)", f"{r['requests_per_s']:.0f} ({r['calls_per_s']:.0f} calls)"),
         ("   per node", f"{r['requests_per_s'] / n:.2f}"),
         ("   calls/s by kind|op", ", ".join(f"{k} {v:g}" for k, v in r["by_op_per_s"].items())),
-        ("   rendezvous state payload", f"{_bytes(r['state_bytes_per_s'])}/s (all: {_bytes(r['bytes_per_s'])}/s)"),
+        (
+            "   rendezvous state payload",
+            f"{_bytes(r['state_bytes_per_s'])}/s (all: {_bytes(r['bytes_per_s'])}/s)",
+        ),
         ("   state blob (base64 / pickled)", f"{_bytes(r['blob_b64'])} / {_bytes(r['blob_pickled'])}"),
         ("   compare_set/s, failed", f"{r['cas_per_s']:.0f}, {100 * r['cas_failed']:.0f} %"),
-        ("   heartbeat op median/p99/max", f"{_ms(r['heartbeat_median_s'])} / {_ms(r['heartbeat_p99_s'])} / "
-                                           f"{_ms(r['heartbeat_max_s'])}"),
-        ("   oldest heartbeat in the state", f"{_s(r['oldest_beat_s'])} (dropped at {3 * args.keep_alive} s)"),
+        (
+            "   heartbeat op median/p99/max",
+            f"{_ms(r['heartbeat_median_s'])} / {_ms(r['heartbeat_p99_s'])} / {_ms(r['heartbeat_max_s'])}",
+        ),
+        (
+            "   oldest heartbeat in the state",
+            f"{_s(r['oldest_beat_s'])} (dropped at {3 * args.keep_alive} s)",
+        ),
         ("   fewest nodes in the state", str(r["fewest_in_state"])),
         ("   heartbeat warnings", str(r["heartbeat_warnings"])),
-        ("   CPU: store thread / driver / workers", f"{100 * r['store_cpu']:.0f} % / {100 * r['driver_cpu']:.0f} % / "
-                                                   f"{100 * r['workers_cpu']:.0f} % of a core"),
+        (
+            "   CPU: store thread / driver / workers",
+            f"{100 * r['store_cpu']:.0f} % / {100 * r['driver_cpu']:.0f} % / "
+            f"{100 * r['workers_cpu']:.0f} % of a core",
+        ),
         ("   monitor tick late median/p99", f"{_ms(r['late_median_s'])} / {_ms(r['late_p99_s'])}"),
         ("   load average (1 min)", f"{r['load']:.1f}"),
         ("C. one post to every watch: max", ", ".join(_ms(v) for v in r["watch_max_s"])),
         ("   median", ", ".join(_ms(v) for v in r["watch_median_s"])),
-        ("C2. cascade: every node settled", f"{_s(r['cascade_s'])} (median {_s(r['cascade_median_s'])}), "
-                                           f"{r['cascade_right']}/{n} named the raised rank"),
+        (
+            "C2. cascade: every node settled",
+            f"{_s(r['cascade_s'])} (median {_s(r['cascade_median_s'])}), "
+            f"{r['cascade_right']}/{n} named the raised rank",
+        ),
         ("   post reads / all calls", f"{r['cascade_post_gets']} / {r['cascade_calls']}"),
         ("D. node lost to a new round of N-1", _s(r["restart_s"])),
         ("   dead node out of the stored state", _s(r["restart_dead_gone_s"])),
@@ -950,10 +1012,20 @@ def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
     if "capacity_adds_per_s" in r:
         rows += [
             ("E. small adds/s, everyone hammering", f"{r['capacity_adds_per_s']:.0f}"),
-            ("   store thread CPU, per request", f"{100 * r['capacity_store_cpu']:.0f} %, "
-                                                f"{r['capacity_us_per_request']:.1f} us"),
+            (
+                "   store thread CPU, per request",
+                f"{100 * r['capacity_store_cpu']:.0f} %, {r['capacity_us_per_request']:.1f} us",
+            ),
+            (
+                "E. state blob reads, everyone hammering",
+                f"{r['capacity_blob_reads_per_s']:.0f}/s, {_bytes(r['capacity_blob_bytes_per_s'])}/s",
+            ),
+            (
+                "   store thread CPU, per byte",
+                f"{100 * r['capacity_blob_store_cpu']:.0f} %, {r['capacity_ns_per_byte']:.2f} ns",
+            ),
         ]
-    rows.append(("F. state read-modify-write alone", _ms(r["cas_window_s"])))
+    rows.append(("F. state read-modify-write alone", f"{1000 * r['cas_window_s']:.2f} ms"))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
@@ -965,12 +1037,12 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x."""
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     return my - b * mx, b
 
 
 def _exponent(xs: list[float], ys: list[float]) -> float:
-    good = [(x, y) for x, y in zip(xs, ys) if y == y and y > 0]  # noqa: PLR0124 - nan
+    good = [(x, y) for x, y in zip(xs, ys, strict=True) if not math.isnan(y) and y > 0]
     if len(good) < 2:
         return float("nan")
     return _fit([math.log(x) for x, _ in good], [math.log(y) for _, y in good])[1]
@@ -1004,8 +1076,9 @@ def print_growth(results: list[dict[str, Any]], args: argparse.Namespace) -> dic
         print(f"{'C. watch, worst':<24}{''.join(f'{v:>11.4g}' for v in watch)}{_exponent(ns, watch):>7.2f}")
     big = results[-1]
     n = big["nodes"]
-    blob_a, blob_b = _fit(ns, [float(r["blob_b64"]) for r in results]) if len(results) > 1 else (
-        0.0, big["blob_b64"] / n)
+    blob_a, blob_b = (
+        _fit(ns, [float(r["blob_b64"]) for r in results]) if len(results) > 1 else (0.0, big["blob_b64"] / n)
+    )
     blob = blob_a + blob_b * target
     blob_per_node = big["state_bytes_per_s"] / (n * big["blob_b64"]) if big["blob_b64"] else float("nan")
     state_bytes = blob_per_node * target * blob
@@ -1013,10 +1086,11 @@ def print_growth(results: list[dict[str, Any]], args: argparse.Namespace) -> dic
     requests = other_per_node * target
     us = big.get("capacity_us_per_request", float("nan"))
     small_cpu = requests * us / 1e6
-    per_byte = max(0.0, big["store_cpu"] - big["requests_per_s"] * us / 1e6) / max(1.0, big["state_bytes_per_s"])
+    per_byte = big.get("capacity_ns_per_byte", float("nan")) / 1e9
     store_cpu = small_cpu + per_byte * state_bytes
-    win_a, win_b = _fit(ns, [r["cas_window_s"] for r in results]) if len(results) > 1 else (
-        0.0, big["cas_window_s"] / n)
+    win_a, win_b = (
+        _fit(ns, [r["cas_window_s"] for r in results]) if len(results) > 1 else (0.0, big["cas_window_s"] / n)
+    )
     window = win_a + win_b * target
     rho_now = n / keep * big["cas_window_s"]
     rho = target / keep * window
@@ -1026,23 +1100,52 @@ def print_growth(results: list[dict[str, Any]], args: argparse.Namespace) -> dic
     cascade_reads = target * target / 2  # each settling node reads the posts so far, ~N/2 on average
     print(f"\n== {target:,} nodes, by the model (from the {n}-node run; keep-alive {keep} s) ==")
     lines = [
-        ("state blob", f"{_bytes(blob)} base64", "linear fit over the sizes (each node: its descriptor and heartbeat)"),
-        ("state traffic", f"{_bytes(state_bytes)}/s", f"{blob_per_node:.2f} blobs per node-second "
-         f"(measured at {n}) x N x blob: ~N^2"),
+        (
+            "state blob",
+            f"{_bytes(blob)} base64",
+            "linear fit over the sizes (each node: its descriptor and heartbeat)",
+        ),
+        (
+            "state traffic",
+            f"{_bytes(state_bytes)}/s",
+            f"{blob_per_node:.2f} blobs per node-second (measured at {n}) x N x blob: ~N^2",
+        ),
         ("requests", f"{requests:,.0f}/s", f"{other_per_node:.2f} per node-second (measured) x N"),
-        ("store thread CPU", f"{100 * store_cpu:,.0f} % of a core", f"{us:.1f} us per request (E) + "
-         f"{per_byte * 1e9:.2f} ns per state byte (B minus E)"),
+        (
+            "store thread CPU",
+            f"{100 * store_cpu:,.0f} % of a core",
+            f"{us:.1f} us per request (E) + {per_byte * 1e9:.2f} ns per state byte (E)",
+        ),
         ("write window", _ms(window), "F: read, unpickle, pickle, compare_set of the blob: linear fit"),
-        ("heartbeat load rho", f"{rho:,.1f} (now {rho_now:.2f})", "N / keep-alive x window: above ~0.5 the "
-         "heartbeats collide; above 1 they cannot all land in a keep-alive, nodes get dropped at 3 x"),
+        (
+            "heartbeat load rho",
+            f"{rho:,.1f} (now {rho_now:.2f})",
+            "N / keep-alive x window: above ~0.5 the "
+            "heartbeats collide; above 1 they cannot all land in a keep-alive, nodes get dropped at 3 x",
+        ),
         ("keep-alive for rho 0.5", f"{2 * target * window:,.0f} s", "2 x N x window"),
-        ("watch: one post to all", f"{poll:.1f} s + {burst / capacity:.2f} s" if capacity == capacity
-         else "-", f"poll interval + {burst:,} requests at E's {capacity:,.0f}/s"),  # noqa: PLR0124
-        ("watch: poll load", f"{target / poll:,.0f} adds/s", "N / 0.2 s, always (push: 0 while nothing fails)"),
-        ("cascade: post reads", f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s"
-         if capacity == capacity else "-", "every settling node reads every post so far: ~N^2/2"),  # noqa: PLR0124
-        ("restart after a lost node", f"{3 * keep + max(1, math.ceil(args.last_call)) + 1:.0f} s + join storm",
-         "3 x keep-alive (dropped) + last call + <= 1 s (elastic's SYNC sleeps), + the joins' writes"),
+        (
+            "watch: one post to all",
+            f"{poll:.1f} s + {burst / capacity:.2f} s" if not math.isnan(capacity) else "-",
+            f"poll interval + {burst:,} requests at E's {capacity:,.0f}/s",
+        ),
+        (
+            "watch: poll load",
+            f"{target / poll:,.0f} adds/s",
+            "N / 0.2 s, always (push: 0 while nothing fails)",
+        ),
+        (
+            "cascade: post reads",
+            f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s"
+            if not math.isnan(capacity)
+            else "-",
+            "every settling node reads every post so far: ~N^2/2",
+        ),
+        (
+            "restart after a lost node",
+            f"{3 * keep + max(1, math.ceil(args.last_call)) + 1:.0f} s + join storm",
+            "3 x keep-alive (dropped) + last call + <= 1 s (elastic's SYNC sleeps), + the joins' writes",
+        ),
         ("connections at node 0", f"{2 * target:,}", "2 per node (agent + watch): ulimit -n must allow it"),
     ]
     width = max(len(a) for a, _, _ in lines)
@@ -1072,10 +1175,18 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=3.0, help="seconds of hammering (E); 0: skip")
     parser.add_argument("--keep-alive", type=int, default=_rounds.KEEP_ALIVE, help="heartbeat interval, s")
     parser.add_argument("--last-call", type=float, default=3.0, help="the launcher's last_call, s")
-    parser.add_argument("--waiting-every", type=float, default=MONITOR,
-                        help="seconds between num_nodes_waiting() calls (elastic: monitor_interval)")
-    parser.add_argument("--watch", choices=("poll", "push"), default="poll",
-                        help="poll: _NodeWatch as it is; push: a blocking wait on the first post")
+    parser.add_argument(
+        "--waiting-every",
+        type=float,
+        default=MONITOR,
+        help="seconds between num_nodes_waiting() calls (elastic: monitor_interval)",
+    )
+    parser.add_argument(
+        "--watch",
+        choices=("poll", "push"),
+        default="poll",
+        help="poll: _NodeWatch as it is; push: a blocking wait on the first post",
+    )
     parser.add_argument("--timeout", type=int, default=180, help="rendezvous and phase time limit, s")
     parser.add_argument("--target", type=int, default=TARGET, help="node count to extrapolate to")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -1083,8 +1194,10 @@ def main() -> None:
     sizes = [int(item) for item in args.nodes.split(",") if item.strip()]
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a timed-out wait logs a warning per call
     ctx = mp.get_context("spawn")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; "
-          f"python {sys.version.split()[0]}")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; "
+        f"python {sys.version.split()[0]}"
+    )
     results = []
     for n in sizes:
         run = Run(n, args, ctx)

@@ -123,9 +123,7 @@ def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> An
     import torch.distributed as dist
 
     if place.kind == "etcd":
-        from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
-
-        return EtcdStore(_etcd_client(place, timeout), f"/phalanx/{place.name}/store")
+        return _steady_etcd_store_class()(_etcd_client(place, timeout), f"/phalanx/{place.name}/store")
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
     if host is not None:
@@ -150,6 +148,97 @@ def _etcd_client(place: RendezvousPlace, timeout: float) -> Any:
     )
 
 
+#: How long an etcd operation is tried again while the cluster cannot
+#: answer (a member lost, a new leader being elected: a few seconds).
+ETCD_PATIENCE = 60.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """An etcd error that a moment later may not be: no member answers, or
+    the cluster is electing a leader ("Raft Internal Error: request timed
+    out, possibly due to previous leader failure")."""
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    if isinstance(exc, (RendezvousConnectionError, ConnectionError, TimeoutError)):
+        return True
+    try:
+        import etcd
+        import urllib3
+    except ImportError:
+        return False
+    if isinstance(exc, urllib3.exceptions.HTTPError):
+        return True
+    transient = (etcd.EtcdConnectionFailed, etcd.EtcdLeaderElectionInProgress)
+    return isinstance(exc, transient) or type(exc) is etcd.EtcdException
+
+
+def _patiently(call: Any, *args: Any) -> Any:
+    """``call(*args)``, tried again for :data:`ETCD_PATIENCE` seconds while
+    it fails with a :func:`_transient` error."""
+    deadline = time.monotonic() + ETCD_PATIENCE
+    while True:
+        try:
+            return call(*args)
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@functools.cache
+def _steady_etcd_store_class() -> type:
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+    class SteadyEtcdStore(EtcdStore):
+        """torch's ``EtcdStore``, whose every operation is tried again while
+        the etcd cluster cannot answer (a lost member was its leader)."""
+
+        def set(self, key: Any, value: Any) -> None:
+            _patiently(super().set, key, value)
+
+        def get(self, key: Any) -> bytes:
+            return _patiently(super().get, key)  # type: ignore[no-any-return]
+
+        def add(self, key: Any, num: int) -> int:
+            return _patiently(super().add, key, num)  # type: ignore[no-any-return]
+
+        def wait(self, keys: Any, override_timeout: Any = None) -> None:
+            _patiently(super().wait, keys, override_timeout)
+
+        def check(self, keys: Any) -> bool:
+            return _patiently(super().check, keys)  # type: ignore[no-any-return]
+
+    return SteadyEtcdStore
+
+
+@functools.cache
+def _steady_backend_class() -> type:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
+
+    class SteadyBackend(RendezvousBackend):
+        """An etcd rendezvous backend whose reads and writes of the state are
+        tried again while the cluster cannot answer (elastic gives up on
+        the first error, and its agent then closes the rendezvous for every
+        node). A write whose answer was lost is tried again as a compare and
+        set against the state read before: it fails, and elastic reads the
+        state anew, as after any lost race."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        @property
+        def name(self) -> str:
+            return str(self._inner.name)
+
+        def get_state(self) -> Any:
+            return _patiently(self._inner.get_state)
+
+        def set_state(self, state: bytes, token: Any = None) -> Any:
+            return _patiently(self._inner.set_state, state, token)
+
+    return SteadyBackend
+
+
 def _create(params: Any) -> Any:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
@@ -160,8 +249,10 @@ def _create(params: Any) -> Any:
     if place.kind == "etcd":
         from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
 
-        backend: Any = EtcdRendezvousBackend(
-            _etcd_client(place, timeout), params.run_id, key_prefix=f"/phalanx/{place.name}/rendezvous"
+        backend: Any = _steady_backend_class()(
+            EtcdRendezvousBackend(
+                _etcd_client(place, timeout), params.run_id, key_prefix=f"/phalanx/{place.name}/rendezvous"
+            )
         )
     else:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
