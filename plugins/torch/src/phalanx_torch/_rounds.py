@@ -283,6 +283,8 @@ def _handler_class() -> type:
         say: Any = None
         #: This node's launching process hosts the job's store.
         hosts_store = False
+        #: Leave the rendezvous open when this node ends (it timed out).
+        _keep_open = False
         #: The nodes in the round being formed, as this node last read them.
         joined: list[str] = []  # noqa: RUF012 - replaced, never changed in place
 
@@ -307,7 +309,7 @@ def _handler_class() -> type:
             return True
 
         def next_rendezvous(self) -> Any:
-            from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+            from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousTimeoutError
 
             self._round_store = None  # the ranks of the round before are stopped
             try:
@@ -318,7 +320,17 @@ def _handler_class() -> type:
                     # The others time out a moment later: keep the store up
                     # until they have, so they say the same, not "node 0 lost".
                     time.sleep(2.0)
+                self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
+            except RendezvousClosedError:
+                from phalanx_core import NodeLostError
+
+                raise NodeLostError(
+                    f"another node ended the job while this one waited to meet the others at "
+                    f"{self._place_text} (it closed the rendezvous); its output says why",
+                    node=-1,
+                    address=self._place_text,
+                ) from None
             self.round = int(self._inner._state_holder.state.round)
             self.round_store = info.store
             self.group_rank, self.group_world_size = info.rank, info.world_size
@@ -376,6 +388,8 @@ def _handler_class() -> type:
 
         def shutdown(self) -> bool:
             self._round_store = None
+            if self._keep_open:
+                return True
             with contextlib.suppress(Exception):  # the job's store may be gone with node 0
                 return bool(self._inner.shutdown())
             return False
