@@ -215,8 +215,9 @@ class SimWatch(_NodeWatch):
     #: ``--watch push``: seconds of one blocking wait.
     WAIT = 30.0
 
-    def __init__(self, connect: Any, index: int, num_nodes: int, seen: Any, mode: str) -> None:
+    def __init__(self, connect: Any, waiter: Any, index: int, num_nodes: int, seen: Any, mode: str) -> None:
         super().__init__(connect, index, num_nodes, hosts_store=False)
+        self.connect_waiter = waiter
         self.me = f"sim-{index}"
         self.seen = seen
         self.mode = mode
@@ -246,8 +247,7 @@ class SimWatch(_NodeWatch):
         try:
             # A connection of its own: a blocked wait holds its client, and
             # settle() must post on the other one meanwhile.
-            assert self.connect is not None
-            waiter = dist.PrefixStore("phalanx/failed", self.connect())
+            waiter = dist.PrefixStore("phalanx/failed", self.connect_waiter())
             store = self._connect()
             while not self._stop.is_set():
                 try:
@@ -315,7 +315,18 @@ class SimNode:
 
         inner._keep_alive = timed_keep_alive
         self.watch: SimWatch | None = None
-        self.clients: list[CountedStore] = []
+        # Every client made now, one at a time: TCPStore's constructor looks
+        # its own address up in the DNS, and on this sandbox's resolver many
+        # lookups at once stall for 5-10 s (a Python store object must also
+        # outlive the C++ ones that wrap it).
+        self.reader = CountedStore(
+            dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
+        )
+        self.waiter: CountedStore | None = None
+        if cfg.watch == "push":
+            self.waiter = CountedStore(
+                dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
+            )
         self.stop = threading.Event()
         self.restart = threading.Event()
         self.late: list[float] = []
@@ -325,14 +336,11 @@ class SimNode:
     def emit(self, *event: Any) -> None:
         self.events.put(event)
 
-    def connect(self, rep: int) -> Any:
-        """A new client of the job's store, as ``_NodeWatch.connect`` makes
-        one; keys of this repetition's own (``rep<N>/phalanx/failed/...``)."""
-        wait = datetime.timedelta(seconds=self.cfg.timeout)
-        client = dist.TCPStore(LOOPBACK, self.cfg.port, is_master=False, timeout=wait)
-        counted = CountedStore(client, self.counts, "watch")
-        self.clients.append(counted)  # a Python store lives only as long as its Python object
-        return dist.PrefixStore(f"rep{rep}", counted)
+    def connect(self, rep: int, waiter: bool = False) -> Any:
+        """The watch's client of the job's store (``_NodeWatch.connect``
+        makes a new one per launch; here they are made once, up front),
+        with keys of this repetition's own (``rep<N>/phalanx/failed/...``)."""
+        return dist.PrefixStore(f"rep{rep}", self.waiter if waiter else self.reader)
 
     def arm(self, rep: int) -> None:
         """A fresh watch, as every launch has."""
@@ -340,6 +348,7 @@ class SimNode:
             self.watch._stop.set()
         self.watch = SimWatch(
             lambda: self.connect(rep),
+            lambda: self.connect(rep, waiter=True),
             self.index,
             self.cfg.num_nodes,
             lambda when: self.emit("seen", self.index, rep, when),
@@ -392,10 +401,9 @@ class SimNode:
         self.emit("settled", self.index, rep, start, time.monotonic(), first.traceback == RAISED)
 
     def hammer(self, seconds: float, key: str) -> None:
-        """E: small adds (``key`` empty) or reads of ``key`` in a loop, on a
-        client of their own."""
-        wait = datetime.timedelta(seconds=self.cfg.timeout)
-        client = dist.TCPStore(LOOPBACK, self.cfg.port, is_master=False, timeout=wait)
+        """E: small adds (``key`` empty) or reads of ``key`` in a loop, on
+        the watch's client (counted here, not call by call)."""
+        client = self.reader.inner
         deadline = time.monotonic() + seconds
         calls = size = 0
         while time.monotonic() < deadline:

@@ -10,15 +10,30 @@ import phalanx
 from phalanx.testing.suites import LauncherSuite
 from phalanx_core import MisconfigurationError
 
+#: mpirun's own listeners: the suite sees every process of the job, mpirun's too.
+MPIRUN_LISTENS_WIDE = pytest.mark.xfail(
+    strict=True,
+    reason="Open MPI's mpirun binds its out-of-band TCP listeners to every interface (0.0.0.0 and ::); "
+    "no MCA parameter changes that (test_listening.py shows phalanx's own sockets on loopback)",
+)
+
 
 class TestMPIRunLauncher(LauncherSuite):
     launcher = "mpirun"
+
+    @MPIRUN_LISTENS_WIDE
+    def test_a_one_node_launch_listens_on_loopback_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().test_a_one_node_launch_listens_on_loopback_only(monkeypatch)
 
 
 class TestMPIRunLauncherThreeRanksOverMPI(LauncherSuite):
     launcher = "mpirun"
     num_processes = 3
     options = {"collective": "mpi"}  # noqa: RUF012 - the suite reads it
+
+    @MPIRUN_LISTENS_WIDE
+    def test_a_one_node_launch_listens_on_loopback_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().test_a_one_node_launch_listens_on_loopback_only(monkeypatch)
 
 
 @pytest.mark.parametrize(

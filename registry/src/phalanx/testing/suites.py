@@ -144,12 +144,14 @@ def raise_on_rank(strategy: Any, rank: int) -> None:
 
 
 def listeners_of_job(strategy: Any, launching: int) -> list[tuple[int, str, int]]:
-    """Once every rank's group is up: the TCP sockets this rank and the
-    launching process (pid ``launching``) listen on."""
-    from phalanx_core.testing.processes import listening_sockets
+    """Once every rank's group is up: the TCP sockets that every process
+    of the job listens on: this rank, the launching process (pid
+    ``launching``) and everything below it (a launcher program such as
+    ``mpirun``, its daemons, the other ranks)."""
+    from phalanx_core.testing.processes import descendants, listening_sockets
 
     strategy.barrier()
-    found = listening_sockets({os.getpid(), launching})
+    found = listening_sockets({os.getpid(), launching} | descendants(launching))
     strategy.barrier()  # the others are still up while this rank looks
     return found
 
@@ -401,9 +403,10 @@ class LauncherSuite:
 
     def test_a_one_node_launch_listens_on_loopback_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Nothing of a one-node job can be reached from another machine:
-        every TCP socket that the launching process and the ranks listen on
-        while the job runs (the rendezvous store, the collective's
-        connections) is on a loopback address."""
+        every TCP socket that the processes of the job (the launching
+        process and every process below it: a launcher program, the ranks)
+        listen on while the job runs (the rendezvous store, the collective's
+        connections, the launcher program's own) is on a loopback address."""
         import ipaddress
 
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
