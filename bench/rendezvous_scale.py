@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import contextlib
 import datetime
 import json
@@ -611,6 +612,10 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class _Stuck(Exception):
+    """A phase that did not end within the time limit (the later ones are skipped)."""
+
+
 class Run:
     """One simulated job of ``n`` nodes."""
 
@@ -715,6 +720,22 @@ class Run:
             return None
         return next(iter(rounds)), max(t for _, t in joined.values())
 
+    def trajectory(self, start: float, end: float, every: float = 2.0) -> list[str]:
+        """The stored state every ``every`` s between ``start`` and ``end``."""
+        lines = []
+        next_t = start
+        for sample in self.sampler.between(start, end):
+            if sample["t"] < next_t:
+                continue
+            next_t = sample["t"] + every
+            lines.append(
+                f"{sample['t'] - start:6.1f} s: round {sample['round']}"
+                f"{' complete' if sample['complete'] else ''}, {len(sample['participants'])} participants, "
+                f"{sample['wait_list']} waiting, {len(sample['beats'])} heartbeats (oldest "
+                f"{sample['max_age']:.1f} s), blob {_bytes(sample['b64'])}"
+            )
+        return lines
+
     # ------------------------------------------------------------------ phases
 
     def phase_join(self) -> None:
@@ -727,7 +748,14 @@ class Run:
         )
         settled = self.settled_round(alive, -1)
         if not ok or settled is None:
-            raise RuntimeError(f"the first round did not form: {self.collector.errors[:3]}")
+            joined, pending = self.latest_rounds(alive)
+            self.result["join_s"] = float("nan")
+            self.result["trajectory"] = self.trajectory(start, time.monotonic())
+            self.result["join_stuck"] = (
+                f"after {self.args.timeout} s: {len(joined)} nodes back from next_rendezvous "
+                f"(rounds {sorted({r for r, _ in joined.values()})}), {len(pending)} still in it"
+            )
+            raise _Stuck("join")
         self.round, end = settled
         samples = self.sampler.between(start, end + 1)
         self.result["join_s"] = end - start
@@ -852,6 +880,7 @@ class Run:
         def first(test: Any) -> float:
             return next((s["t"] - start for s in samples if test(s)), float("nan"))
 
+        self.result["restart_trajectory"] = self.trajectory(start, time.monotonic(), every=1.0)
         self.result.update(
             restart_s=(settled[1] - start) if ok and settled else float("nan"),
             restart_dead_gone_s=first(lambda s: desc not in s["beats"]),
@@ -913,18 +942,29 @@ class Run:
             new = base64.b64encode(pickle.dumps(state)).decode()
             client.compare_set(self.key, raw.decode(), new)
             times.append(time.perf_counter() - start)
-        self.result["cas_window_s"] = statistics.median(times)
+        self.result["cas_window_s"] = min(times)  # the cost itself, least disturbed by the machine
 
     def run(self) -> dict[str, Any]:
+        self.began = time.monotonic()
         self.start()
         self.sampler = Sampler(self.port, self.key, 0.25)
         try:
-            self.phase_join()
-            self.phase_steady()
-            self.phase_watch()
-            self.phase_cascade()
-            self.phase_restart()
-            self.phase_capacity()
+            for phase in (
+                self.phase_join,
+                self.phase_steady,
+                self.phase_watch,
+                self.phase_cascade,
+                self.phase_restart,
+                self.phase_capacity,
+            ):
+                print(
+                    f"  {self.n} nodes: {phase.__name__[6:]} ({time.monotonic() - self.began:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                phase()
+        except _Stuck as stuck:
+            self.result["stuck"] = str(stuck)
         finally:
             self.send_all("stop")
             self.collector.wait_for(lambda: len(self.collector.of("stopped")) >= self.procs, 30)
@@ -967,7 +1007,11 @@ def _bytes(value: float) -> str:
     return f"{value:.1f} GB"
 
 
-def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
+def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
+    r: dict[str, Any] = collections.defaultdict(lambda: float("nan"), result)
+    r.setdefault("by_op_per_s", {})
+    for key in ("watch_max_s", "watch_median_s", "errors", "trajectory", "restart_trajectory"):
+        r.setdefault(key, [])
     n = r["nodes"]
     print(
         f"\n== {n} nodes ({r['procs']} processes), keep-alive {args.keep_alive} s x 3, last call "
@@ -1037,6 +1081,14 @@ def print_size(r: dict[str, Any], args: argparse.Namespace) -> None:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
+    if "stuck" in result:
+        print(f"   STUCK in phase {r['stuck']}: {r.get('join_stuck', '')}")
+        for line in r["trajectory"]:
+            print(f"     {line}")
+    if r["restart_trajectory"]:
+        print("   D. the stored state after the node was lost:")
+        for line in r["restart_trajectory"]:
+            print(f"     {line}")
     for error in r["errors"]:
         print(f"   error: {error}")
 
@@ -1056,7 +1108,10 @@ def _exponent(xs: list[float], ys: list[float]) -> float:
     return _fit([math.log(x) for x, _ in good], [math.log(y) for _, y in good])[1]
 
 
-def print_growth(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    results = [r for r in every if "requests_per_s" in r and "capacity_us_per_request" in r]
+    if not results:
+        return {}
     ns = [float(r["nodes"]) for r in results]
     target = args.target
     keep = args.keep_alive

@@ -328,7 +328,7 @@ def test_a_node_that_never_comes_is_named_on_every_node_after_the_timeout(make_b
     runs = run_nodes(bed.hosts[:2], commands, timeout=90)
     for run in runs:
         assert run.returncode == 1, run.describe()
-        assert run.ended < 40, run.describe()
+        assert run.ended < 120, run.describe()  # rendezvous_timeout=12, and start-up under load: not 900
         if restarts:
             assert "waiting for the nodes to meet: 2 joined (192.168.77.1, 192.168.77.2)" in run.stderr
             assert "did not meet within rendezvous_timeout=12 s: 2 joined" in run.stderr, run.describe()
@@ -349,7 +349,7 @@ def test_a_node_that_fails_before_the_rendezvous_is_named_by_the_others(bed, run
     ].describe()
     assert runs[0].returncode == 1, runs[0].describe()
     assert "node 1 of 2 never arrived at node 0's store" in runs[0].stderr, runs[0].describe()
-    assert runs[0].ended < 40, runs[0].describe()
+    assert runs[0].ended < 120, runs[0].describe()  # rendezvous_timeout=10, and start-up under load
 
 
 def test_out_of_restarts_every_node_ends_with_the_rank_that_failed(bed, run_nodes):

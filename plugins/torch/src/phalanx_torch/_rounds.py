@@ -417,9 +417,12 @@ def _unshared_store() -> Any:
 
 def _joined(inner: Any) -> list[str]:
     """The addresses of the nodes in the round being formed (elastic's
-    state as this node last read it)."""
+    state as this node last read it); empty once this node has left it
+    (elastic leaves the round when its wait times out)."""
     state = inner._state_holder.state
     nodes = list(state.participants) + list(state.wait_list)
+    if getattr(inner, "_this_node", None) not in nodes:
+        return []
     return sorted(str(getattr(node, "addr", node)) for node in nodes)
 
 
