@@ -4,6 +4,7 @@ failure written for the launching process, and its way out."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import runpy
@@ -122,9 +123,18 @@ def write_whole(path: str | Path, data: bytes) -> None:
             partial.unlink()
 
 
-def dumps_result(result: Any, rank: object) -> bytes:
+def dumps_result(result: Any, rank: object, *, before_exit: bool = False) -> bytes:
     """``result`` pickled to carry it to the launching process; a value that
-    cannot be is the user's to change, and the error says so."""
+    cannot be is the user's to change, and the error says so.
+
+    ``before_exit``: the rank leaves right after (through
+    :func:`exit_process`), so the garbage collector is turned off first and
+    left off. A collection while pickling freed the last owner of a process
+    group whose teardown then waited forever for its gloo threads (a forked
+    rank of ``tests/test_checkpoint_worlds.py`` hung so, once in six loops
+    under load); the process's exit frees everything without running it."""
+    if before_exit:
+        gc.disable()
     try:
         return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:

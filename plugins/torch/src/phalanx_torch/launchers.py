@@ -307,7 +307,7 @@ def _mp_rank(
 
         torch.set_num_threads(1)
     try:
-        payload = dumps_result(("result", fn(*args, **kwargs)), env["RANK"])
+        payload = dumps_result(("result", fn(*args, **kwargs)), env["RANK"], before_exit=True)
     except BaseException as exc:
         told = False
         with contextlib.suppress(Exception):
