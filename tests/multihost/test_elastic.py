@@ -80,14 +80,14 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
         return len(pids)
 
-    def wait_for(self, what, seconds: float = 120) -> None:
+    def wait_for(self, what, seconds: float = 300) -> None:
         deadline = time.monotonic() + seconds
         while not what():
             if time.monotonic() > deadline:
                 pytest.fail(f"waited {seconds} s for {what.__doc__}\n{self.describe()}")
             time.sleep(0.1)
 
-    def wait(self, seconds: float = 180) -> dict[str, int]:
+    def wait(self, seconds: float = 300) -> dict[str, int]:
         """Wait for every node; their exit codes (the last run of each host)."""
         deadline = time.monotonic() + seconds
         codes = {}
