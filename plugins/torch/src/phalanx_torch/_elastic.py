@@ -712,6 +712,7 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
 
     class PhalanxAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
         _last: Any = None
+        _joining = False
 
         def _rounds(self) -> Any:
             handler = self._worker_group.spec.rdzv_handler
@@ -719,11 +720,20 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             self._last = result = super()._monitor_workers(worker_group)
+            self._joining = False
             rounds = self._rounds()
             if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                # The job's count, this round's failure included; elastic
-                # then restarts while its own count stays above 0.
-                self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
+                if not rounds.failed() and rounds.num_nodes_waiting():
+                    # A node waits to join and no node saw this round fail:
+                    # another node has stopped its ranks for the new round,
+                    # and ours lost their peers. A change of members, not a
+                    # failure (not counted).
+                    self._joining = True
+                    self._remaining_restarts = max(1, max_restarts - rounds.restarts() + 1)
+                else:
+                    # The job's count, this round's failure included; elastic
+                    # then restarts while its own count stays above 0.
+                    self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
             return result
 
         def _rendezvous(self, worker_group: Any) -> None:
@@ -740,7 +750,8 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
 
         def _restart_workers(self, worker_group: Any) -> None:
             last = self._last
-            if last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+            if failed and not self._joining:
                 restart = max_restarts - self._remaining_restarts
                 _say_restart(who, last, restart, max_restarts, node_rank)
             elif last is not None:

@@ -370,6 +370,10 @@ def _handler_class() -> type:
                 self.job_store.add("phalanx/restarts", 1)
             return int(self.job_store.add("phalanx/restarts", 0))
 
+        def failed(self) -> bool:
+            """Whether a node counted this round's failure already."""
+            return self.round_store is not None and bool(self.round_store.check(["phalanx/failed"]))
+
         def restarts(self) -> int:
             """How many rounds of this job failed and were started again."""
             return int(self.job_store.add("phalanx/restarts", 0))
@@ -439,7 +443,11 @@ def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
         next_say = 5.0
         while not done.wait(1.0):
             with contextlib.suppress(Exception):  # a state being replaced: read it next time
-                handler.joined = _joined(handler._inner) or handler.joined
+                # The most seen: a node that gave up waiting first leaves
+                # the round, and the nodes that joined are what is said.
+                now = _joined(handler._inner)
+                if len(now) >= len(handler.joined):
+                    handler.joined = now
             waited = time.monotonic() - start
             if handler.say is not None and waited >= next_say:
                 next_say += 30.0 if next_say > 5.0 else 25.0
