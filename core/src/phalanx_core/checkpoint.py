@@ -66,7 +66,7 @@ class TorchCheckpointIO(CheckpointIO):
     """``torch.save`` / ``torch.load``.
 
     ``save()`` drops the checkpoint it replaces from the page cache
-    (:func:`drop_cached`), writes to a temporary file next to ``path``
+    (``drop_cached``), writes to a temporary file next to ``path``
     (``<name>.<host>-<pid>-<random>.partial``: processes or ranks saving to
     one path at once never share it), fsyncs it, renames it to ``path`` and
     fsyncs the directory. A save that fails removes its temporary file; one

@@ -559,7 +559,11 @@ class MPIEnvironment(ClusterEnvironment):
         address = _var("MASTER_ADDR")
         if address:
             return address
-        if self._one_node:
+        try:
+            one_node = self._one_node
+        except MisconfigurationError:  # no mpirun variables: nothing to say about nodes here
+            one_node = True
+        if one_node:
             return _LOOPBACK
         raise MisconfigurationError(
             f"mpirun started ranks on {self.world_size // self._local_size} nodes, and without talking "
