@@ -2,8 +2,9 @@
 and the failure watch of N nodes against node 0's one job store.
 
     python bench/rendezvous_scale.py [--nodes 256] [--procs 8] [--steady 10] [--repeats 3]
-        [--keep-alive 1] [--last-call 3] [--watch poll|push] [--json]
-    python bench/rendezvous_scale.py --nodes 32,64,128,256      # the growth, and 4,096 by the model
+        [--capacity 3] [--keep-alive 1] [--last-call 3] [--watch poll|push] [--timeout 180]
+        [--target 4096] [--json]
+    python bench/rendezvous_scale.py --nodes 32,64,128,256 --timeout 120   # growth; 4,096 by the model
 
 The driver hosts the job's store on 127.0.0.1 with
 ``phalanx_core.launching.hosted_store`` (a ``TCPStore`` server, its libuv
@@ -27,8 +28,13 @@ job's store and nothing else:
 * phalanx's node watch: ``_elastic._NodeWatch`` itself (its own client,
   ``PrefixStore("phalanx/failed", ...)``, ``add("posts", 0)`` every
   ``POLL`` = 0.2 s), where interrupting the node records the time instead
-  of sending SIGTERM. ``--watch push`` runs instead the change this
-  benchmark recommends: a blocking ``wait`` on the first post's key.
+  of sending SIGTERM. ``--watch push`` runs instead the changes this
+  benchmark recommends: a blocking ``wait`` on the first post's key, on a
+  connection of its own, and posts read only once written.
+
+Every client is made up front, one at a time: ``TCPStore``'s constructor
+looks its own address up in the DNS, and this sandbox's resolver stalls
+5-10 s when many lookups come at once.
 
 Requests are counted at the client: every store a node uses is wrapped in
 a ``torch.distributed.Store`` subclass that counts each call, the bytes of
@@ -62,12 +68,18 @@ D. the restart round: one node dies (its heartbeats and threads stop),
    left the stored state, the round went up, N-1 had joined (last call
    begins) and the round completed (from a sampler reading the state
    every 0.25 s);
-E. the store's capacity for small requests: every node's watch client
-   calls ``add`` in a loop for ``--capacity`` s; requests per second and
-   the store thread's CPU per request;
+E. the store's cost: every node calls ``add`` in a loop for ``--capacity``
+   s on a client of its own (requests per second, the store thread's CPU
+   per request), then reads a state of ``--target`` nodes in a loop (its
+   CPU per byte);
 F. one read-modify-write of the state blob (get, unpickle, a heartbeat,
    pickle, compare_set) with nobody else writing: the window during which
-   a heartbeat's write can be beaten by another node's.
+   a heartbeat's write can be beaten by another node's; of this job's
+   state once its workers have exited, and at the end of states made with
+   up to 2 x ``--target`` nodes.
+
+A phase that does not end within ``--timeout`` prints the stored state
+every 2 s and ends that size's run.
 
 It then prints a table per N, the growth between sizes and an
 extrapolation to ``--target`` nodes (4,096) by the model stated next to
@@ -126,6 +138,14 @@ class Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.table: dict[tuple[str, str], list[int]] = {}
+        #: For each compare_set of the state: how old the state it replaces
+        #: was (s since this client read it), and whether it failed.
+        self.ages: list[tuple[float, bool]] = []
+
+    def take_ages(self) -> list[tuple[float, bool]]:
+        with self.lock:
+            ages, self.ages = self.ages, []
+        return ages
 
     def add(self, kind: str, op: str, out: int = 0, back: int = 0, failed: int = 0, calls: int = 1) -> None:
         with self.lock:
@@ -151,6 +171,7 @@ class CountedStore(dist.Store):
     def __init__(self, inner: Any, counts: Counts, kind: str, state_key: str = "") -> None:
         super().__init__()
         self.inner, self.counts, self.kind, self.state_key = inner, counts, kind, state_key
+        self.read_at = 0.0  # when this client last read the state (a get, or a compare_set's answer)
 
     def _kind(self, key: str) -> str:
         return "state" if key == self.state_key else self.kind
@@ -161,6 +182,8 @@ class CountedStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         value = self.inner.get(key)
+        if key == self.state_key:
+            self.read_at = time.monotonic()
         self.counts.add(self._kind(key), "get", back=len(value))
         return value
 
@@ -173,6 +196,13 @@ class CountedStore(dist.Store):
         wanted = desired.encode() if isinstance(desired, str) else bytes(desired)
         failed = int(value != wanted)
         self.counts.add(self._kind(key), "compare_set", _size(expected) + _size(desired), len(value), failed)
+        if key == self.state_key:
+            answered = time.monotonic()
+            if self.read_at and expected:  # a write over a state read before (not the first, empty one)
+                with self.counts.lock:
+                    if len(self.counts.ages) < 200_000:
+                        self.counts.ages.append((answered - self.read_at, bool(failed)))
+            self.read_at = answered
         return value
 
     def check(self, keys: list[str]) -> bool:
@@ -238,6 +268,23 @@ class SimWatch(_NodeWatch):
         with self._signal_lock:
             if not self._stop.is_set():
                 self.seen(time.monotonic())
+
+    def _posts(self) -> list[tuple[str, RankFailure]]:
+        """``--watch push``: the recommended ``_NodeWatch._posts``, which
+        skips a post not written yet (its ``get`` would wait for it holding
+        the client, and the post may be this node's own, whose ``set`` waits
+        behind it on the same client until the store's timeout)."""
+        if self.mode == "poll":
+            return super()._posts()
+        store = self._connect()
+        found = []
+        for index in range(1, int(store.add("posts", 0)) + 1):
+            key = f"post/{index}"
+            if not store.check([key]):
+                continue  # being written: read next time
+            who, _, text = store.get(key).decode().partition(" ")
+            found.append((who, RankFailure.from_dict(json.loads(text))))
+        return found
 
     def _watch_push(self) -> None:
         """The recommended ``_NodeWatch._watch``: block on the first post's
@@ -324,6 +371,7 @@ class SimNode:
             dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
         )
         self.waiter: CountedStore | None = None
+        self.cap_client = dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait)  # E only
         if cfg.watch == "push":
             self.waiter = CountedStore(
                 dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "watch"
@@ -402,9 +450,9 @@ class SimNode:
         self.emit("settled", self.index, rep, start, time.monotonic(), first.traceback == RAISED)
 
     def hammer(self, seconds: float, key: str) -> None:
-        """E: small adds (``key`` empty) or reads of ``key`` in a loop, on
-        the watch's client (counted here, not call by call)."""
-        client = self.reader.inner
+        """E: small adds (``key`` empty) or reads of ``key`` in a loop, on a
+        client of their own (counted here, not call by call)."""
+        client = self.cap_client
         deadline = time.monotonic() + seconds
         calls = size = 0
         while time.monotonic() < deadline:
@@ -449,7 +497,9 @@ def _worker(wid: int, indices: list[int], cfg: SimpleNamespace, commands: Any, e
                 beats += node.heartbeats
                 node.late, node.heartbeats = [], []
             cpu = time.process_time()
-            events.put(("stats", wid, counts.snapshot(), cpu, late, beats, warnings.count))
+            events.put(
+                ("stats", wid, counts.snapshot(), cpu, late, beats, warnings.count, counts.take_ages())
+            )
         elif command == "arm":
             for node in nodes.values():
                 if not node.stop.is_set():
@@ -585,6 +635,51 @@ class Sampler:
         return [s for s in self.samples if start <= s["t"] <= end]
 
 
+def _made_state(size: int) -> Any:
+    """Elastic's rendezvous state of a complete round of ``size`` nodes,
+    each with a heartbeat, addressed as nodes of a cluster are."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    state = _RendezvousState()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for index in range(size):
+        node = _NodeDesc(f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}", 4000 + index % 60000, 0)
+        state.participants[node] = index
+        state.last_heartbeats[node] = now
+    state.complete = True
+    return state
+
+
+def _read_modify_write(client: Any, key: str, repeats: int = 9) -> float:
+    """The least time of ``repeats`` heartbeats' writes as elastic's state
+    holder makes them: get, decode, unpickle, one heartbeat, pickle, encode,
+    compare_set (on this machine's loopback: add the network's round trips)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        raw = client.get(key)
+        state = pickle.loads(base64.b64decode(raw))
+        node = next(iter(state.last_heartbeats))
+        state.last_heartbeats[node] = datetime.datetime.now(datetime.timezone.utc)
+        new = base64.b64encode(pickle.dumps(state)).decode()
+        client.compare_set(key, raw.decode(), new)
+        times.append(time.perf_counter() - start)
+    return min(times)  # the cost itself, the least disturbed by the machine
+
+
+def made_windows(sizes: list[int], timeout: float) -> dict[int, tuple[float, int]]:
+    """F for states of ``sizes`` nodes made here, on a store of their own:
+    the least read-modify-write time and the blob's size."""
+    store = hosted_store(LOOPBACK, 0, timeout=datetime.timedelta(seconds=timeout))
+    client = dist.TCPStore(LOOPBACK, store.port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    windows = {}
+    for size in sorted(set(sizes)):
+        key = f"bench/state-{size}"
+        client.set(key, base64.b64encode(pickle.dumps(_made_state(size))).decode())
+        windows[size] = (_read_modify_write(client, key, repeats=15), len(client.get(key)))
+    return windows
+
+
 def _store_thread_cpu() -> float:
     """CPU seconds of the store server's threads in this process."""
     total = 0.0
@@ -643,7 +738,7 @@ class Run:
         self.collector = Collector(self.events)
         self.workers: list[Any] = []
         self.desc: dict[int, str] = {}
-        self.result: dict[str, Any] = {"nodes": n, "procs": self.procs}
+        self.result: dict[str, Any] = {"nodes": n, "procs": self.procs, "keep_alive": args.keep_alive}
 
     def send(self, wid: int, *command: Any) -> None:
         self.commands[wid].put(command)
@@ -680,7 +775,9 @@ class Run:
         late: list[float] = []
         beats: list[float] = []
         warnings = 0
-        for _, _, counts, worker_cpu, worker_late, worker_beats, worker_warnings in replies:
+        ages: list[tuple[float, bool]] = []
+        for _, _, counts, worker_cpu, worker_late, worker_beats, worker_warnings, worker_ages in replies:
+            ages += worker_ages
             for key, row in counts.items():
                 table[key] = [a + b for a, b in zip(table.get(key, [0, 0, 0, 0]), row, strict=True)]
             cpu += worker_cpu
@@ -694,6 +791,7 @@ class Run:
             "late": late,
             "beats": beats,
             "warnings": warnings,
+            "ages": ages,
             "store_cpu": _store_thread_cpu(),
             "driver_cpu": _self_cpu(),
             "load": os.getloadavg()[0],
@@ -738,14 +836,35 @@ class Run:
 
     # ------------------------------------------------------------------ phases
 
+    def _busy(self, name: str, first: dict[str, Any], last: dict[str, Any]) -> None:
+        """CPU (cores) and the state's compare_set between two stats()."""
+        span = last["t"] - first["t"]
+        cas = [
+            b - a
+            for a, b in zip(
+                first["table"].get("state|compare_set", [0, 0, 0, 0]),
+                last["table"].get("state|compare_set", [0, 0, 0, 0]),
+                strict=True,
+            )
+        ]
+        self.result[f"{name}_workers_cpu"] = (last["workers_cpu"] - first["workers_cpu"]) / span
+        self.result[f"{name}_store_cpu"] = (last["store_cpu"] - first["store_cpu"]) / span
+        self.result[f"{name}_cas"] = cas[0]
+        self.result[f"{name}_cas_failed"] = cas[3] / cas[0] if cas[0] else 0.0
+        self.result[f"{name}_load"] = last["load"]
+        ages = [age for age, _ in last["ages"]]
+        self.result[f"{name}_age_median_s"] = statistics.median(ages) if ages else float("nan")
+
     def phase_join(self) -> None:
         alive = set(range(self.n))
+        before = self.stats()
         start = time.monotonic()
         self.send_all("go")
         ok = self.collector.wait_for(
             lambda: self.settled_round(alive, -1) is not None or bool(self.collector.errors),
             self.args.timeout,
         )
+        self._busy("join", before, self.stats())
         settled = self.settled_round(alive, -1)
         if not ok or settled is None:
             joined, pending = self.latest_rounds(alive)
@@ -784,6 +903,17 @@ class Run:
         all_bytes = sum(row[1] + row[2] for row in table.values())
         cas = table.get("state|compare_set", [0, 0, 0, 0])
         samples = self.sampler.between(first["t"], last["t"])
+        # A compare_set fails when another node's write landed since its
+        # state was read: with writes landing at rate lam, at 1 - exp(-lam * age).
+        landed = (cas[0] - cas[3]) / span
+        ages = last["ages"]
+        predicted = statistics.fmean(1 - math.exp(-landed * age) for age, _ in ages) if ages else float("nan")
+        self.result.update(
+            cas_age_median_s=statistics.median(age for age, _ in ages) if ages else float("nan"),
+            cas_age_p90_s=_pct([age for age, _ in ages], 0.9),
+            cas_failed_predicted=predicted,
+            cas_landed_per_s=landed,
+        )
         self.result.update(
             steady_s=span,
             calls_per_s=calls / span,
@@ -867,6 +997,7 @@ class Run:
         alive = set(range(self.n)) - {victim}
         desc = self.desc[victim]
         before = self.round
+        first_stats = self.stats()
         start = time.monotonic()
         self.send(self.owner[victim], "kill", victim)
         self.send_all("restart")
@@ -874,6 +1005,7 @@ class Run:
             lambda: self.settled_round(alive, before) is not None or bool(self.collector.errors),
             self.args.timeout,
         )
+        self._busy("restart", first_stats, self.stats())
         settled = self.settled_round(alive, before)
         samples = self.sampler.between(start, time.monotonic() + 1)
 
@@ -921,28 +1053,25 @@ class Run:
             capacity_store_cpu=small["store_cpu"] / small["span"],
             capacity_us_per_request=1e6 * small["store_cpu"] / max(1, small["requests"]),
         )
-        big = self._hammer(self.key)
+        # Reads of a state as large as the target's (made here): the store's
+        # cost per byte, its cost per request taken away.
+        key = "bench/state-read"
+        self.sampler.client.set(key, base64.b64encode(pickle.dumps(_made_state(self.args.target))).decode())
+        big = self._hammer(key)
+        per_request = small["store_cpu"] / max(1, small["requests"])
         self.result.update(
             capacity_blob_reads_per_s=big["calls"],
             capacity_blob_bytes_per_s=big["bytes"] / big["span"],
             capacity_blob_store_cpu=big["store_cpu"] / big["span"],
-            capacity_ns_per_byte=1e9 * big["store_cpu"] / max(1, big["bytes"]),
+            capacity_ns_per_byte=1e9
+            * max(0.0, big["store_cpu"] - per_request * big["requests"])
+            / max(1, big["bytes"]),
         )
 
     def phase_window(self) -> None:
-        """F: one heartbeat's read-modify-write, nobody else writing."""
-        client = self.sampler.client
-        times = []
-        for _ in range(15):
-            start = time.perf_counter()
-            raw = client.get(self.key)
-            state = pickle.loads(base64.b64decode(raw))
-            node = next(iter(state.last_heartbeats))
-            state.last_heartbeats[node] = datetime.datetime.now(datetime.timezone.utc)
-            new = base64.b64encode(pickle.dumps(state)).decode()
-            client.compare_set(self.key, raw.decode(), new)
-            times.append(time.perf_counter() - start)
-        self.result["cas_window_s"] = min(times)  # the cost itself, least disturbed by the machine
+        """F: one heartbeat's read-modify-write of this job's state, nobody
+        else writing (the workers have exited)."""
+        self.result["cas_window_s"] = _read_modify_write(self.sampler.client, self.key)
 
     def run(self) -> dict[str, Any]:
         self.began = time.monotonic()
@@ -970,8 +1099,6 @@ class Run:
             self.collector.wait_for(lambda: len(self.collector.of("stopped")) >= self.procs, 30)
             self.sampler.stop.set()
             self.sampler.thread.join(2)
-        time.sleep(1.5)  # the last heartbeats' writes
-        self.phase_window()
         self.result["errors"] = self.collector.errors[:5]
         return self.result
 
@@ -981,6 +1108,8 @@ class Run:
             if worker.is_alive():
                 worker.kill()  # by its own pid, started here
                 worker.join(5)
+        with contextlib.suppress(Exception):
+            self.phase_window()
         self.collector.done.set()
         self.collector.thread.join(2)
         with contextlib.suppress(Exception):
@@ -1021,6 +1150,13 @@ def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
         ("A. join: all nodes in one round", _s(r["join_s"])),
         ("   N-1 joined (last call began)", _s(r["join_min_reached_s"])),
         ("   extra rounds (a late node waited)", str(r["join_rounds_started"] and r["join_round"])),
+        (
+            "   compare_set, failed; CPU workers/store",
+            f"{r['join_cas']}, {100 * r['join_cas_failed']:.0f} % "
+            f"(state's age {_ms(r['join_age_median_s'])}); "
+            f"{100 * r['join_workers_cpu']:.0f} % / {100 * r['join_store_cpu']:.0f} % of a core "
+            f"(load {r['join_load']:.1f})",
+        ),
         ("B. requests/s at the store (get = 2)", f"{r['requests_per_s']:.0f} ({r['calls_per_s']:.0f} calls)"),
         ("   per node", f"{r['requests_per_s'] / n:.2f}"),
         ("   calls/s by kind|op", ", ".join(f"{k} {v:g}" for k, v in r["by_op_per_s"].items())),
@@ -1030,6 +1166,12 @@ def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
         ),
         ("   state blob (base64 / pickled)", f"{_bytes(r['blob_b64'])} / {_bytes(r['blob_pickled'])}"),
         ("   compare_set/s, failed", f"{r['cas_per_s']:.0f}, {100 * r['cas_failed']:.0f} %"),
+        (
+            "   age of the state each one replaced",
+            f"median {_ms(r['cas_age_median_s'])}, p90 {_ms(r['cas_age_p90_s'])}: "
+            f"1-exp(-{r['cas_landed_per_s']:.0f}/s x age) predicts "
+            f"{100 * r['cas_failed_predicted']:.0f} % failed",
+        ),
         (
             "   heartbeat op median/p99/max",
             f"{_ms(r['heartbeat_median_s'])} / {_ms(r['heartbeat_p99_s'])} / {_ms(r['heartbeat_max_s'])}",
@@ -1060,6 +1202,13 @@ def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
         ("   round went up", _s(r["restart_round_up_s"])),
         ("   N-1 joined (last call began)", _s(r["restart_min_reached_s"])),
         ("   round complete", _s(r["restart_complete_s"])),
+        (
+            "   compare_set, failed; CPU workers/store",
+            f"{r['restart_cas']}, {100 * r['restart_cas_failed']:.0f} % "
+            f"(state's age {_ms(r['restart_age_median_s'])}); "
+            f"{100 * r['restart_workers_cpu']:.0f} % / {100 * r['restart_store_cpu']:.0f} % of a core "
+            f"(load {r['restart_load']:.1f})",
+        ),
     ]
     if "capacity_adds_per_s" in r:
         rows += [
@@ -1069,7 +1218,7 @@ def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{100 * r['capacity_store_cpu']:.0f} %, {r['capacity_us_per_request']:.1f} us",
             ),
             (
-                "E. state blob reads, everyone hammering",
+                f"E. reads of a {args.target}-node state, all at once",
                 f"{r['capacity_blob_reads_per_s']:.0f}/s, {_bytes(r['capacity_blob_bytes_per_s'])}/s",
             ),
             (
@@ -1078,6 +1227,7 @@ def print_size(result: dict[str, Any], args: argparse.Namespace) -> None:
             ),
         ]
     rows.append(("F. state read-modify-write alone", f"{1000 * r['cas_window_s']:.2f} ms"))
+
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")
@@ -1127,7 +1277,6 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
             ("store_cpu", "B. store CPU"),
             ("cascade_s", "C2. cascade"),
             ("restart_s", "D. restart"),
-            ("cas_window_s", "F. write window"),
         ]
         head = "".join(f"{int(n):>11}" for n in ns)
         print(f"{'':<24}{head}{'k':>7}")
@@ -1139,77 +1288,98 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         print(f"{'C. watch, worst':<24}{''.join(f'{v:>11.4g}' for v in watch)}{_exponent(ns, watch):>7.2f}")
     big = results[-1]
     n = big["nodes"]
-    blob_a, blob_b = (
-        _fit(ns, [float(r["blob_b64"]) for r in results]) if len(results) > 1 else (0.0, big["blob_b64"] / n)
-    )
-    blob = blob_a + blob_b * target
-    blob_per_node = big["state_bytes_per_s"] / (n * big["blob_b64"]) if big["blob_b64"] else float("nan")
-    state_bytes = blob_per_node * target * blob
-    other_per_node = (big["requests_per_s"]) / n
-    requests = other_per_node * target
+    keep_run = big.get("keep_alive", keep)
+    made = big.get("made_windows", {})
+    window, blob = made.get(target, (float("nan"), float("nan")))
+    span = big["steady_s"]
+    per_node = {key: value / n for key, value in big["by_op_per_s"].items()}
+    reads = per_node.get(
+        "state|get", 0.0
+    )  # elastic's state cache: about one read a second, whatever keep-alive
+    writes = 1 / keep  # one heartbeat per keep-alive, with no collision at all (a lower bound)
+    watch = per_node.get("watch|add", 0.0)
+    other = sum(v for k, v in per_node.items() if not k.startswith(("state|", "watch|")))
+    requests = target * (2 * reads + writes + watch + other)
+    state_bytes = target * blob * (reads + 3 * writes)  # a compare_set sends two blobs, gets one back
     us = big.get("capacity_us_per_request", float("nan"))
-    small_cpu = requests * us / 1e6
     per_byte = big.get("capacity_ns_per_byte", float("nan")) / 1e9
-    store_cpu = small_cpu + per_byte * state_bytes
-    win_a, win_b = (
-        _fit(ns, [r["cas_window_s"] for r in results]) if len(results) > 1 else (0.0, big["cas_window_s"] / n)
-    )
-    window = win_a + win_b * target
-    rho_now = n / keep * big["cas_window_s"]
+    store_cpu = requests * us / 1e6 + state_bytes * per_byte
+    rho_now = n / keep_run * big["made_windows"].get(n, (big["cas_window_s"], 0))[0]
     rho = target / keep * window
-    capacity = big.get("capacity_adds_per_s", float("nan"))
+    capacity = 1e6 / us if us else float("nan")  # small requests a second, one core of the store's
     poll = _NodeWatch.POLL
-    burst = 4 * target  # add, add, get (2) and done per node, after the post
-    cascade_reads = target * target / 2  # each settling node reads the posts so far, ~N/2 on average
-    print(f"\n== {target:,} nodes, by the model (from the {n}-node run; keep-alive {keep} s) ==")
+    burst = (
+        5 * target
+    )  # after the post, per node: add, get (2 requests), add("done"), and the poll that saw it
+    cascade_reads = target * (target - 1) / 2  # each settling node reads every post so far
+    last_call = max(1, math.ceil(args.last_call))
+    print(
+        f"\n== {target:,} nodes, by the model: measured per-node rates of the {n}-node run "
+        f"({span:.0f} s steady, keep-alive {keep_run} s), the made {target}-node state (F), the store's "
+        f"cost per request and per byte (E); keep-alive {keep} s =="
+    )
     lines = [
+        ("state blob", f"{_bytes(blob)} base64", f"measured: a made state of {target} nodes (F)"),
         (
-            "state blob",
-            f"{_bytes(blob)} base64",
-            "linear fit over the sizes (each node: its descriptor and heartbeat)",
+            "write window w",
+            _ms(window),
+            "measured: get, unpickle, one heartbeat, pickle, compare_set of that blob, on loopback (F); "
+            "a network adds 3 round trips and 3 blobs' transfer",
+        ),
+        (
+            "heartbeat load rho",
+            f"{rho:,.1f}",
+            f"N / keep-alive x w (the {n}-node run: {rho_now:.2f}); every write of the one key must fit "
+            "in a window no other write lands in: above ~0.5 most collide, above 1 they cannot all land "
+            "and nodes are dropped after 3 keep-alives",
+        ),
+        (
+            "keep-alive for rho 0.5",
+            f"{2 * target * window:,.0f} s",
+            "2 x N x w; a lost node is then seen 3x later",
         ),
         (
             "state traffic",
             f"{_bytes(state_bytes)}/s",
-            f"{blob_per_node:.2f} blobs per node-second (measured at {n}) x N x blob: ~N^2",
+            f"N x blob x ({reads:.2f} reads + 3 x {writes:g} writes) per node-second, no collision counted",
         ),
-        ("requests", f"{requests:,.0f}/s", f"{other_per_node:.2f} per node-second (measured) x N"),
+        (
+            "requests",
+            f"{requests:,.0f}/s",
+            f"N x ({2 * reads:.2f} state + {writes:g} writes + {watch:.2f} watch polls + {other:.2f} other) "
+            "per node-second (measured rates)",
+        ),
         (
             "store thread CPU",
             f"{100 * store_cpu:,.0f} % of a core",
-            f"{us:.1f} us per request (E) + {per_byte * 1e9:.2f} ns per state byte (E)",
-        ),
-        ("write window", _ms(window), "F: read, unpickle, pickle, compare_set of the blob: linear fit"),
-        (
-            "heartbeat load rho",
-            f"{rho:,.1f} (now {rho_now:.2f})",
-            "N / keep-alive x window: above ~0.5 the "
-            "heartbeats collide; above 1 they cannot all land in a keep-alive, nodes get dropped at 3 x",
-        ),
-        ("keep-alive for rho 0.5", f"{2 * target * window:,.0f} s", "2 x N x window"),
-        (
-            "watch: one post to all",
-            f"{poll:.1f} s + {burst / capacity:.2f} s" if not math.isnan(capacity) else "-",
-            f"poll interval + {burst:,} requests at E's {capacity:,.0f}/s",
+            f"{us:.1f} us per request + {per_byte * 1e9:.2f} ns per byte (E, this VM)",
         ),
         (
             "watch: poll load",
-            f"{target / poll:,.0f} adds/s",
-            "N / 0.2 s, always (push: 0 while nothing fails)",
+            f"{target / poll:,.0f} adds/s = {100 * target / poll * us / 1e6:.0f} % of a core",
+            "N / 0.2 s, always (push: none while nothing fails)",
+        ),
+        (
+            "watch: one post to all",
+            f"{poll:.1f} s + {burst / capacity:.2f} s",
+            f"the poll interval + {burst:,} requests at {capacity:,.0f}/s (push: no poll interval)",
         ),
         (
             "cascade: post reads",
-            f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s"
-            if not math.isnan(capacity)
-            else "-",
-            "every settling node reads every post so far: ~N^2/2",
+            f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s of the store",
+            "every node that settles reads every post so far: N(N-1)/2 gets of 2 requests",
         ),
         (
             "restart after a lost node",
-            f"{3 * keep + max(1, math.ceil(args.last_call)) + 1:.0f} s + join storm",
-            "3 x keep-alive (dropped) + last call + <= 1 s (elastic's SYNC sleeps), + the joins' writes",
+            f">= {3 * keep + last_call + 1 + 3 * target * window:,.0f} s",
+            f"3 x keep-alive + last call {last_call} s + 1 s (elastic's SYNC sleep) + 3 N w: each node "
+            "leaves, waits, joins: 3 writes of the one key, one at a time at best",
         ),
-        ("connections at node 0", f"{2 * target:,}", "2 per node (agent + watch): ulimit -n must allow it"),
+        (
+            "connections at node 0",
+            f"{2 * target:,}",
+            "2 per node (agent + watch): RLIMIT_NOFILE must allow it",
+        ),
     ]
     width = max(len(a) for a, _, _ in lines)
     vwidth = max(len(b) for _, b, _ in lines)
@@ -1217,14 +1387,15 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         print(f"{label:<{width}}  {value:>{vwidth}}  {model}")
     return {
         "target": target,
+        "keep_alive": keep,
         "blob_b64": blob,
+        "write_window_s": window,
+        "rho": rho,
+        "rho_measured_run": rho_now,
+        "keep_alive_for_rho_half": 2 * target * window,
         "state_bytes_per_s": state_bytes,
         "requests_per_s": requests,
         "store_cpu": store_cpu,
-        "write_window_s": window,
-        "rho": rho,
-        "rho_measured": rho_now,
-        "keep_alive_for_rho_half": 2 * target * window,
         "cascade_reads": cascade_reads,
     }
 
@@ -1269,6 +1440,15 @@ def main() -> None:
         finally:
             run.close()
         print_size(results[-1], args)
+    print(
+        "\n== F. one heartbeat's write of a made state "
+        f"(least of 15; load average {os.getloadavg()[0]:.1f}) =="
+    )
+    windows = made_windows([*sizes, 512, 1024, 2048, args.target, 2 * args.target], args.timeout)
+    for size, (window, blob) in windows.items():
+        print(f"{size:>6} nodes: {1000 * window:8.2f} ms, blob {_bytes(blob)} base64")
+    for result in results:
+        result["made_windows"] = windows
     model = print_growth(results, args)
     if args.json:
         print(json.dumps({"sizes": results, "model": model}, indent=1, default=str))

@@ -1,0 +1,98 @@
+"""``tests/multihost/elastic_job.py`` with a time on every step, for
+``bench/restarts_multihost.py``.
+
+    elastic_bench_job.py OUT [SAMPLES [PAUSE]]
+
+The same job (2 epochs over SAMPLES samples, batch 2 per rank, PAUSE
+seconds after each step, a background checkpoint every 2 steps in OUT/ckpt,
+``strategy.resume`` from it, and OUT/seen-<host>-<rank>.txt with
+``<restarts> <resumed step> <world size> <epoch> <step> <sample>...`` per
+step; rank 0 writes OUT/done.json and OUT/final.pt at the end), but the
+``<restarts>`` of every rank is rank 0's (under torchrun each node's agent
+counts its own restarts, and the nodes of one round may disagree). Added:
+every rank appends to OUT/times-<host>-<rank>.txt a ``start`` line as soon
+as its interpreter runs this file (before ``import torch``), then one
+``step`` line per finished step::
+
+    start <monotonic>
+    step <restarts> <resumed step> <world size> <epoch> <step> <monotonic>
+
+``time.monotonic()`` is one clock for every process of the machine, the
+test bed's network namespaces included. Under ``phalanx run`` the strategy
+comes from its flags; started by ``torchrun`` directly (no ``phalanx run``
+in between) it is ``ddp`` on the CPU over this round's nodes
+(``GROUP_WORLD_SIZE``).
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.monotonic()
+
+import json  # noqa: E402 - after the start time
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import phalanx  # noqa: E402
+from phalanx_core import CheckpointDirectory  # noqa: E402
+
+
+def strategy_here():
+    if os.environ.get("PHALANX_RUN_FLAGS") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return phalanx.resolve()  # phalanx run: its flags
+    return phalanx.resolve("ddp", accelerator="cpu", num_nodes=int(os.environ["GROUP_WORLD_SIZE"]))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    samples = int(sys.argv[2]) if len(sys.argv) > 2 else 96
+    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.1
+    host = socket.gethostname()
+    strategy = strategy_here()
+    strategy.launch()
+    times = open(out / f"times-{host}-{strategy.global_rank}.txt", "a")  # noqa: SIM115 - open until the end
+    times.write(f"start {STARTED:.6f}\n")
+    times.flush()
+    torch.manual_seed(0)
+    model, optimizer = strategy.setup(nn.Linear(3, 1), lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    x = torch.arange(samples * 3, dtype=torch.float32).reshape(samples, 3) / (samples * 3)
+    data = TensorDataset(torch.arange(samples), x, x.sum(dim=1, keepdim=True))
+    loader = strategy.setup_dataloader(DataLoader(data, batch_size=2, shuffle=True))
+    checkpoints = CheckpointDirectory(out / "ckpt", keep=2)
+    state = {"model": model, "optimizer": optimizer, "loader": loader}
+    step = resumed = strategy.resume(checkpoints, state)
+    # Each torchrun agent counts its own restarts (a node whose ranks failed
+    # counts one, a node that only saw the new round does not): rank 0's
+    # count names the round on every rank.
+    restarts = strategy.broadcast_object(strategy.restart_count, src=0)
+    head = f"{restarts} {resumed} {strategy.world_size}"
+    seen = open(out / f"seen-{host}-{strategy.global_rank}.txt", "a")  # noqa: SIM115 - open until the end
+    for epoch in range(loader.epoch, 2):
+        loader.set_epoch(epoch)
+        for index, inputs, target in loader:
+            step += 1
+            optimizer.zero_grad()
+            strategy.backward(nn.functional.mse_loss(model(inputs), target))
+            strategy.optimizer_step(optimizer)
+            seen.write(f"{head} {epoch} {step} {' '.join(map(str, index.tolist()))}\n")
+            seen.flush()
+            times.write(f"step {head} {epoch} {step} {time.monotonic():.6f}\n")
+            times.flush()
+            if step % 2 == 0:
+                checkpoints.save(strategy, step, state, blocking=False)
+            time.sleep(pause)
+    strategy.save_checkpoint(out / "final.pt", {"model": model})
+    if strategy.is_global_zero:
+        done = {"restarts": strategy.restart_count, "world": strategy.world_size, "steps": step, "host": host}
+        (out / "done.json").write_text(json.dumps(done))
+
+
+if __name__ == "__main__":
+    main()
