@@ -10,9 +10,10 @@ seconds after each step, a background checkpoint every 2 steps in OUT/ckpt,
 step; rank 0 writes OUT/done.json and OUT/final.pt at the end), but the
 ``<restarts>`` of every rank is rank 0's (under torchrun each node's agent
 counts its own restarts, and the nodes of one round may disagree). Added:
-every rank appends to OUT/times-<host>-<rank>.txt a ``start`` line as soon
-as its interpreter runs this file (before ``import torch``), then one
-``step`` line per finished step::
+every rank appends to OUT/times-<host>-<rank>.txt, once ``strategy.launch()``
+has returned, a ``start`` line with the time its interpreter began this
+file (before ``import torch``; a rank that fails in ``launch`` writes
+none), then one ``step`` line per finished step::
 
     start <monotonic>
     step <restarts> <resumed step> <world size> <epoch> <step> <monotonic>

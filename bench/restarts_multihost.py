@@ -29,24 +29,27 @@ hosts (node0..node2, 192.168.77.1-3) and removes it at its end.
      ``--num-nodes 2:3`` refuses ``min_nodes`` under torchrun (try them
      with ``--torchrun-inner``). The endpoint is ``node0``, not
      192.168.77.1: torchrun hosts the store only where the endpoint is the
-     host's own name, and node0's name maps to 127.0.1.1 there (Debian's
-     ``/etc/hosts``), so with the address no host serves it;
+     host's name or an address that name resolves to, and node0's name
+     resolves to 127.0.1.1 there (Debian's ``/etc/hosts``), so with the
+     address no host serves it;
    * the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each round's
      ranks get a store of their own (hosted by rank 0), none of an earlier
      round's keys.
 
-   Once the job has trained ``--kill-after`` steps on 3 hosts, every process
-   of node2 is killed with SIGKILL (the host is lost; it is not started
-   again). Measured: kill to restart (the later of the two remaining ranks'
-   start), kill to next step (the later of the two remaining ranks' first
+   Once the job has trained ``--kill-after`` steps on 3 hosts, every
+   process of node2 is killed with SIGKILL (the host is lost; it is not
+   started again). Measured: kill to restart (the later of the two
+   remaining ranks' start, the time its interpreter began, in the round
+   that trained: an attempt that failed in ``strategy.launch()`` is not
+   counted), kill to next step (the later of the two remaining ranks' first
    finished step in the new round), the steps lost (the last step the
    killed round reached minus the step the new round resumed from: trained
    after the newest checkpoint, done again), whether both remaining nodes
-   exited 0, whether every sample of each epoch was trained (the counting of
-   ``tests/multihost/test_elastic.py``: ``DistributedSampler``'s padding
-   repeats allowed where the world size changed), and the processes left in
-   the hosts' namespaces or carrying the run's tag afterwards (killed). A
-   failed run names what its output says among ``PlanMismatchError``,
+   exited 0, whether every sample of each epoch was trained (the counting
+   of ``tests/multihost/test_elastic.py``: ``DistributedSampler``'s padding
+   repeats allowed where the world size changed), and the processes left
+   in the hosts' namespaces or carrying the run's tag afterwards (killed).
+   Each run names what its output says among ``PlanMismatchError``,
    ``connectFullMesh``, ``Connection refused`` and
    ``RendezvousConnectionError``.
 
@@ -56,15 +59,16 @@ hosts (node0..node2, 192.168.77.1-3) and removes it at its end.
    rank process chosen at random (``phalanx_torch._rank_program``, found in
    the hosts' namespaces; ``--seed``) is sent SIGKILL, and the next kill
    waits until the new round has trained ``--soak-steps`` steps past the
-   one it resumed from. Measured: the job's
-   exit code on every host, ``restarts`` in done.json, every sample of each
-   epoch trained, processes left, total time, and per kill the time to the
-   next step and the steps lost.
+   one it resumed from. Measured: the job's exit code on every host,
+   ``restarts`` in done.json, every sample of each epoch trained, processes
+   left, total time, and per kill the time to the next step and the steps
+   lost.
 
 Every run has ``--timeout`` seconds; a run still going then is a hang (its
 processes are killed). The load average of the machine is printed with
 every run (``--max-load`` waits, at most ``--load-wait`` seconds, for the
-1-minute load to fall below it before each run).
+1-minute load to fall below it before each run). ``--save FILE`` keeps the
+figures as JSON; ``--replay FILE`` prints their tables again.
 
 This prints; it asserts nothing.
 """
@@ -113,11 +117,11 @@ MARKERS = ("PlanMismatchError", "connectFullMesh", "Connection refused", "Rendez
 Round = tuple[int, int]  # (restart count, resumed step): one round of the job
 
 
-def phalanx_command(node: int, out: Path, args: argparse.Namespace, nodes: str, restarts: int) -> list[str]:
+def phalanx_command(node: int, out: Path, job: list[str], nodes: str, restarts: int) -> list[str]:
     return [
         sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
         "--devices", "1", "--num-nodes", nodes, "--max-restarts", str(restarts), "--node-rank", str(node),
-        "--main-address", MAIN, "--main-port", str(PORT), str(JOB), str(out), *job_args(args),
+        "--main-address", MAIN, "--main-port", str(PORT), str(JOB), str(out), *job,
     ]  # fmt: skip
 
 
@@ -136,12 +140,9 @@ def torchrun_command(node: int, out: Path, args: argparse.Namespace, run_id: str
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc-per-node", "1",
         "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"node0:{PORT}",
-        "--rdzv-id", run_id, *(inner if args.torchrun_inner else []), str(JOB), str(out), *job_args(args),
+        "--rdzv-id", run_id, *(inner if args.torchrun_inner else []), str(JOB), str(out),
+        str(args.samples), str(args.pause),
     ]  # fmt: skip
-
-
-def job_args(args: argparse.Namespace) -> list[str]:
-    return [str(args.samples), str(args.pause)]
 
 
 class Job:
@@ -369,7 +370,7 @@ def lost_host(
         deadline = job.began + args.timeout
         for node in range(3):
             if name == "phalanx run":
-                argv = phalanx_command(node, job.out, args, "2:3", 3)
+                argv = phalanx_command(node, job.out, [str(args.samples), str(args.pause)], "2:3", 3)
             else:
                 argv = torchrun_command(node, job.out, args, f"bench{index}")
             job.start(node, argv, LAUNCHERS[name])
@@ -417,68 +418,66 @@ def soak(root: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str,
     chooser = random.Random(args.seed)
     load = wait_for_quiet(args)
     result: dict[str, Any] = {"load_at_start": load, "kills": []}
-    samples = args.samples
-    args.samples = args.soak_samples
-    try:
-        with TestBed(3) as bed:
-            job = Job(bed, folder, env)
-            deadline = job.began + args.soak_timeout
-            for node in range(3):
-                job.start(node, phalanx_command(node, job.out, args, args.soak_nodes, args.soak_kills))
-            going = job.wait_for(lambda: last_step(job.out) >= args.kill_after, deadline)
-            failure = None if going else f"never {args.kill_after} steps"
-            for number in range(args.soak_kills if going else 0):
-                ranks = job.ranks()
-                if not ranks:
-                    failure = f"kill {number + 1}: no rank process found"
-                    break
-                host, pid = chooser.choice(ranks)
-                before = set(rounds_of(job.out))
-                at_step = last_step(job.out)
-                killed = time.monotonic()
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                kill: dict[str, Any] = {
-                    "host": host,
-                    "pid": pid,
-                    "at_step": at_step,
-                    "load": os.getloadavg()[0],
-                }
+    with TestBed(3) as bed:
+        job = Job(bed, folder, env)
+        deadline = job.began + args.soak_timeout
+        for node in range(3):
+            work = [str(args.soak_samples), str(args.pause)]
+            job.start(node, phalanx_command(node, job.out, work, args.soak_nodes, args.soak_kills))
+        going = job.wait_for(lambda: last_step(job.out) >= args.kill_after, deadline)
+        failure = None if going else f"never {args.kill_after} steps"
+        for number in range(args.soak_kills if going else 0):
+            ranks = job.ranks()
+            if not ranks:
+                failure = f"kill {number + 1}: no rank process found"
+                break
+            host, pid = chooser.choice(ranks)
+            before = set(rounds_of(job.out))
+            at_step = last_step(job.out)
+            killed = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            kill: dict[str, Any] = {
+                "host": host,
+                "pid": pid,
+                "at_step": at_step,
+                "load": os.getloadavg()[0],
+                "killed_round": max(before),
+            }
 
-                def went_on(killed=killed, before=before) -> bool:
-                    found = after_kill(job.out, killed, before)
-                    if found["round"] is None:
-                        return False
-                    return rounds_of(job.out)[found["round"]]["last"] >= found["round"][1] + args.soak_steps
+            def went_on(killed=killed, before=before) -> bool:
+                found = after_kill(job.out, killed, before)
+                if found["round"] is None:
+                    return False
+                return rounds_of(job.out)[found["round"]]["last"] >= found["round"][1] + args.soak_steps
 
-                if not job.wait_for(went_on, deadline):
-                    kill.update(after_kill(job.out, killed, before))
-                    result["kills"].append(kill)
-                    failure = f"kill {number + 1}: training did not go on"
-                    break
+            if not job.wait_for(went_on, deadline):
                 kill.update(after_kill(job.out, killed, before))
                 result["kills"].append(kill)
-                print(
-                    f"  soak kill {number + 1}/{args.soak_kills}: rank on {host} at step {at_step}, "
-                    f"next step after {kill['kill_to_step']:.2f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            codes, wall, left = job.finish(["node0", "node1", "node2"], deadline)
-            lost = steps_lost(job.out)
-            for kill, steps in zip(result["kills"], lost, strict=False):
-                kill["steps_lost"] = steps
-            result.update(
-                codes=codes,
-                wall=wall,
-                left_behind=left,
-                done=done_json(job.out),
-                samples=every_sample(job.out, args.soak_samples),
-                rounds=[[*key, r["world"], r["last"]] for key, r in rounds_of(job.out).items()],
-                load_at_end=os.getloadavg()[0],
+                failure = f"kill {number + 1}: training did not go on"
+                break
+            kill.update(after_kill(job.out, killed, before))
+            result["kills"].append(kill)
+            print(
+                f"  soak kill {number + 1}/{args.soak_kills}: rank on {host} at step {at_step}, "
+                f"next step after {kill['kill_to_step']:.2f} s",
+                file=sys.stderr,
+                flush=True,
             )
-    finally:
-        args.samples = samples
+        codes, wall, left = job.finish(["node0", "node1", "node2"], deadline)
+        rounds = rounds_of(job.out)
+        for kill in result["kills"]:
+            if kill.get("round") is not None:
+                kill["steps_lost"] = max(0, rounds[kill["killed_round"]]["last"] - kill["round"][1])
+        result.update(
+            codes=codes,
+            wall=wall,
+            left_behind=left,
+            done=done_json(job.out),
+            samples=every_sample(job.out, args.soak_samples),
+            rounds=[[*key, r["world"], r["last"]] for key, r in rounds_of(job.out).items()],
+            load_at_end=os.getloadavg()[0],
+        )
     done = result["done"] or {}
     if failure is None:
         if None in codes.values():
@@ -650,6 +649,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.replay is not None:
         saved = json.loads(args.replay.read_text())
+        for key, value in saved.get("settings", {}).items():
+            setattr(args, key, value)
         report(saved["lost_host"], saved["soak"], args, saved.get("seconds"))
         return
     if missing() is not None:
@@ -682,7 +683,12 @@ def main() -> None:
         if args.soak_kills:
             soaked = soak(root, env, args)
     seconds = time.monotonic() - began
-    figures = json.dumps({"lost_host": results, "soak": soaked, "seconds": seconds}, indent=2, default=str)
+    settings = {k: v for k, v in vars(args).items() if k not in ("keep", "save", "replay", "json")}
+    figures = json.dumps(
+        {"lost_host": results, "soak": soaked, "seconds": seconds, "settings": settings},
+        indent=2,
+        default=str,
+    )
     if args.save is not None:
         args.save.write_text(figures)
     if args.json:
