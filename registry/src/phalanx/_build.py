@@ -60,6 +60,14 @@ def _target(registry: Catalog, choice: Choice) -> tuple[Entry, type] | None:
     return entry, target
 
 
+#: What torchrun calls the launcher options a scheduler's processes cannot take.
+_SCHEDULER_FLAGS = {
+    "max_restarts": "torchrun --max-restarts, say",
+    "min_nodes": "torchrun --nnodes MIN:MAX, say",
+    "rendezvous": "torchrun --rdzv-backend and --rdzv-endpoint, say",
+}
+
+
 def _replaced_launcher(registry: Catalog, plan: Plan) -> tuple[str, type[Launcher]] | None:
     """The launcher the plan's launcher stands in for (the strategy's
     default, where the processes existed already), and its class."""
@@ -99,7 +107,8 @@ def _route(
                 f"option {key}={value!r} is launcher {name!r}'s, and launcher {name!r} did not start "
                 f"these processes: environment {_name(plan.environment)!r} did (torchrun, or a scheduler), "
                 f"and here launcher {_name(plan.launcher)!r} runs fn in them. Give {key} to what started "
-                "them (torchrun --max-restarts, say), or start the script with phalanx run or python"
+                f"them ({_SCHEDULER_FLAGS.get(key, 'its own flag')}), or start the script with phalanx run "
+                "or python"
             )
         if not takers:
             accepted_by = "; ".join(
