@@ -723,7 +723,7 @@ def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic:
             self._joining = False
             rounds = self._rounds()
             if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if not rounds.failed() and rounds.num_nodes_waiting():
+                if not rounds.failed() and rounds.nodes_waiting_now():
                     # A node waits to join and no node saw this round fail:
                     # another node has stopped its ranks for the new round,
                     # and ours lost their peers. A change of members, not a

@@ -370,6 +370,15 @@ def _handler_class() -> type:
                 self.job_store.add("phalanx/restarts", 1)
             return int(self.job_store.add("phalanx/restarts", 0))
 
+        def nodes_waiting_now(self) -> int:
+            """:meth:`num_nodes_waiting` read from the store now, not from
+            elastic's copy of the state, which may be a second old (a node
+            that has just asked to join is then not seen yet)."""
+            holder = self._inner._state_holder
+            if hasattr(holder, "_last_sync_time"):
+                holder._last_sync_time = -1.0
+            return self.num_nodes_waiting()
+
         def failed(self) -> bool:
             """Whether a node counted this round's failure already."""
             return self.round_store is not None and bool(self.round_store.check(["phalanx/failed"]))
