@@ -12,7 +12,9 @@ import pytest
 
 from phalanx_core import MisconfigurationError
 from phalanx_core.launching import (
+    RANK_LINE,
     RankFailure,
+    RankLines,
     carried_variables,
     check_count,
     last_tracebacks,
@@ -133,6 +135,50 @@ def test_last_tracebacks_reads_each_ranks_last_one_with_its_chain():
     text, when = found[0]
     assert text.startswith("Traceback (most recent call last):\n  File 'a.py', line 1, in f\nKeyError: 'x'\n")
     assert text.endswith("ValueError: from the key\n") and when == 9.0
+
+
+MPI_WRITE_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr)>:")
+
+
+def test_rank_lines_puts_writes_back_together_into_lines_marked_with_their_rank():
+    # What mpirun --tag-output gave for two ranks that each wrote a line in
+    # two flushed writes (a tag on each write, no line end added), then a
+    # line left without its end, then mpirun's own report.
+    output = (
+        "[1,0]<stdout>:hello there\n"
+        "[1,0]<stdout>:part1 [1,1]<stdout>:hello there\n"
+        "[1,1]<stdout>:part1 [1,0]<stdout>:part2\n"
+        "[1,0]<stdout>:no line end[1,1]<stdout>:part2\n"
+        "[1,1]<stdout>:a\n[1,1]<stdout>:b\n"  # one write of two lines: a tag on each
+        "mpirun: a rank failed\n"
+    )
+    whole = RankLines(MPI_WRITE_TAG)
+    lines = [line for text in output.splitlines(keepends=True) for line in whole.feed(text)]
+    lines += whole.close()
+    assert lines == [
+        "[rank0]: hello there\n",
+        "[rank1]: hello there\n",
+        "[rank0]: part1 part2\n",
+        "[rank1]: part1 part2\n",
+        "[rank1]: a\n",
+        "[rank1]: b\n",
+        "mpirun: a rank failed\n",
+        "[rank0]: no line end\n",
+    ]
+    assert [RANK_LINE.match(line).groups() for line in lines[:2]] == [
+        ("0", "hello there"),
+        ("1", "hello there"),
+    ]
+
+
+def test_rank_lines_continues_a_rank_write_broken_by_the_pipe_read():
+    # A rank's write with a line end inside, read in two pieces by the
+    # reader: the piece after the line end carries no tag of its own.
+    whole = RankLines(MPI_WRITE_TAG)
+    lines = whole.feed("[1,0]<stderr>:Traceback (most recent call last):\n")
+    lines += whole.feed("[1,0]<stderr>:  File 'a.py'")
+    lines += whole.feed(", line 1\n")
+    assert lines == ["[rank0]: Traceback (most recent call last):\n", "[rank0]:   File 'a.py', line 1\n"]
 
 
 def test_carried_variables_are_the_users_settings_not_one_launchs_own():

@@ -33,6 +33,15 @@ class TestForkLauncher(LauncherSuite):
     num_processes = 3
 
 
+class TestSubprocessLauncher(LauncherSuite):
+    """The launcher of ``phalanx run`` and of a script that calls
+    ``strategy.launch()``: it re-runs the script (or the function's module)
+    in each rank under torch.distributed.elastic."""
+
+    launcher = "subprocess"
+    launches_functions_here = False  # tests/test_restarts.py and run_scripts/ launch functions
+
+
 class TestTorchElasticEnvironment(EnvironmentSuite):
     environment = "torchelastic"
     variables: ClassVar[dict[str, str]] = {

@@ -14,7 +14,10 @@ In the launching process:
 - :func:`stop_processes` (SIGTERM, then SIGKILL after :data:`STOP_GRACE`
   seconds), :data:`CAUSE_GRACE` (how long to wait for the cause while only
   lost peers were seen), :func:`signal_name`;
-- :func:`last_tracebacks`: each rank's traceback read from its output,
+- :class:`RankLines`: whole lines marked ``[rankN]: `` out of a tool that
+  tags each write of a rank (mpirun, horovodrun), and
+  :func:`relay_output`, which passes a tool's output on that way, and
+  :func:`last_tracebacks`: each rank's traceback read from its output,
   where a tool ran the ranks and reports none itself;
 - :func:`hosted_store`: the rendezvous store, listening where it is told
   (:data:`LOOPBACK` for one node), and :func:`listen_variables`, which
@@ -22,6 +25,9 @@ In the launching process:
 
 In a rank:
 
+- :mod:`phalanx_core.launching.rank_program`, what a rank runs to run a
+  script (``python -m phalanx_core.launching.rank_program SCRIPT``), and
+  :func:`~phalanx_core.launching.rank_program.run_as_rank`;
 - :func:`rank_variables` (as torchrun sets them), :func:`carried_variables`
   (the user's ``PHALANX_*`` settings, not one launch's own), :func:`die_with_parent`,
   :func:`run_program` (a script or ``-m module`` as ``__main__``),
@@ -41,10 +47,12 @@ from ._failures import (
     warn_died_after_delivery,
     worker_failed,
 )
-from ._output import last_tracebacks
+from ._output import RANK_LINE, RankLines, last_tracebacks, relay_output
 from ._processes import CAUSE_GRACE, STOP_GRACE, check_count, signal_group, stop_processes
 from ._ranks import (
     LAUNCH_PRIVATE_PREFIX,
+    LINES_PREFIXED_VAR,
+    PARENT_PID_VAR,
     RANK_MACHINERY,
     RESTART_COUNT_VAR,
     carried_variables,
@@ -70,6 +78,10 @@ from ._stores import (
 __all__ = [
     "CAUSE_GRACE",
     "LAUNCH_PRIVATE_PREFIX",
+    "LINES_PREFIXED_VAR",
+    "PARENT_PID_VAR",
+    "RANK_LINE",
+    "RankLines",
     "EXCERPT_LINES",
     "GLOO_INTERFACE_VAR",
     "LOOPBACK",
@@ -87,6 +99,7 @@ __all__ = [
     "hosted_store",
     "is_rank_machinery",
     "last_tracebacks",
+    "relay_output",
     "listen_variables",
     "listening_socket",
     "carried_variables",

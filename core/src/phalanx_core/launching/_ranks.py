@@ -34,6 +34,8 @@ def is_rank_machinery(frame: Any) -> bool:
 
 __all__ = [
     "LAUNCH_PRIVATE_PREFIX",
+    "LINES_PREFIXED_VAR",
+    "PARENT_PID_VAR",
     "RANK_MACHINERY",
     "RESTART_COUNT_VAR",
     "carried_variables",
@@ -56,6 +58,15 @@ __all__ = [
 #: to a launch of their own. Every other ``PHALANX_*`` variable is the
 #: user's setting and is carried (:func:`carried_variables`).
 LAUNCH_PRIVATE_PREFIX = "PHALANX_LAUNCH_"
+
+#: The pid of the process that started a rank (set by its launcher): a
+#: rank run by :mod:`phalanx_core.launching.rank_program` dies with it.
+PARENT_PID_VAR = "PHALANX_LAUNCH_PARENT_PID"
+
+#: Set by a launcher that marks every line a rank writes with
+#: ``[rankN]: `` itself: the rank then leaves its tracebacks unmarked
+#: (torch marks them where it sets up a process group).
+LINES_PREFIXED_VAR = "PHALANX_LINES_PREFIXED"
 
 #: How many times a launcher started the job's ranks again after a failure
 #: (``strategy.restart_count`` reads it; torch elastic's ranks have

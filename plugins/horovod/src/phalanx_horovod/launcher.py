@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from phalanx_core import Launcher, MisconfigurationError, WorkerFailedError
 from phalanx_core.launching import (
+    LINES_PREFIXED_VAR,
     LOOPBACK,
+    RANK_LINE,
     RankFailure,
     check_count,
     exit_process,
@@ -29,6 +31,7 @@ from phalanx_core.launching import (
     last_tracebacks,
     listen_variables,
     rank_variables,
+    relay_output,
     run_program,
     script_store,
     signal_name,
@@ -50,8 +53,8 @@ T = TypeVar("T")
 #: Horovod's own summary of the first process that exited non-zero (its
 #: rank, here, where every rank is on this machine).
 _HOROVOD_FIRST = re.compile(r"Process name:\s*(\d+)\s*Exit code:\s*(-?\d+)")
-#: A rank's stderr line as horovodrun marks it: ``[1]<stderr>:text``.
-_TAGGED = re.compile(r"^\[(\d+)\]<stderr>:(.*)$")
+#: The tag horovodrun puts before a rank's output: ``[1]<stderr>:``.
+_TAG = re.compile(r"\[(\d+)\]<(?:stdout|stderr)>:")
 #: The last lines of horovodrun's stderr kept to find the failures in.
 _KEPT_LINES = 5000
 #: What happens to the other ranks when one fails, for the error's message.
@@ -191,8 +194,9 @@ class HorovodLauncher(Launcher):
     def run_script(self, command: Sequence[str]) -> None:
         """Run a Python program as every rank's main program (``phalanx
         run``): ``horovodrun --gloo -np N`` starts ``python *command`` on
-        this machine, and Horovod prefixes each output line with its rank
-        (``[0]<stdout>:``); under horovodrun the program runs in this
+        this machine (``python -m phalanx_core.launching.rank_program``), each
+        line a rank writes marked ``[rankN]: `` (from Horovod's tags);
+        under horovodrun the program runs in this
         process. A failing rank stops the others and raises
         :class:`~phalanx_core.WorkerFailedError` for the rank that failed
         first by the launchers' one rule, from the tracebacks in the ranks'
@@ -212,20 +216,25 @@ class HorovodLauncher(Launcher):
         if self.verbose:
             horovodrun.append("--verbose")
         said: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
+        program = [sys.executable, "-u", "-m", "phalanx_core.launching.rank_program", *command]
         with script_store() as store_variables:
-            env = {**os.environ, **listen_variables(LOOPBACK), **store_variables}
+            env = {**os.environ, **listen_variables(LOOPBACK), **store_variables, LINES_PREFIXED_VAR: "1"}
             with subprocess.Popen(
-                [*horovodrun, sys.executable, "-u", *command], stderr=subprocess.PIPE, text=True, env=env
+                [*horovodrun, *program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
             ) as proc:
-                for line in proc.stderr or ():  # horovodrun's own errors, and the ranks' stderr
-                    sys.stderr.write(line)
-                    said.append((time.time(), line))
+                # horovodrun's own errors, and the ranks' output as whole lines marked [rankN]:
+                readers = [
+                    relay_output(proc.stderr, sys.stderr, _TAG, said),  # type: ignore[arg-type]
+                    relay_output(proc.stdout, sys.stdout, _TAG),  # type: ignore[arg-type]
+                ]
                 code = proc.wait()
+                for reader in readers:
+                    reader.join(timeout=10)
         if code == 0:
             return
         raised = {
             rank: RankFailure(rank, traceback=text, when=when, peer_lost_marks=PEER_LOST)
-            for rank, (text, when) in last_tracebacks(said, _TAGGED).items()
+            for rank, (text, when) in last_tracebacks(said, RANK_LINE).items()
         }
         failures = _with_first_exit(raised, "".join(line for _, line in said))
         if not failures:

@@ -20,6 +20,7 @@ communicator splits (``Comm.Split``), ranked in the parent's order.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import pickle
@@ -103,7 +104,18 @@ def _mpi() -> Any:
             "collective 'mpi' needs mpi4py and an MPI library: pip install mpi4py (and "
             "apt-get install openmpi-bin)"
         ) from exc
+    # mpi4py finalizes MPI in the interpreter's finalization, which a rank
+    # that ends through exit_process (phalanx's rank programs) skips; mpirun
+    # counts a rank that exits without MPI_Finalize as failed. An atexit
+    # handler runs there (a failed rank runs none, and must not finalize:
+    # finalizing waits for peers it left in a collective).
+    atexit.register(_finalize, MPI)
     return MPI
+
+
+def _finalize(mpi: Any) -> None:
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 @functools.cache

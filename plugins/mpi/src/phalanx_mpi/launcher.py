@@ -38,20 +38,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from phalanx_core import Launcher, MisconfigurationError, UnavailableError, WorkerFailedError
 from phalanx_core.launching import (
+    LINES_PREFIXED_VAR,
     LOOPBACK,
+    RANK_LINE,
     RankFailure,
     check_count,
     hosted_store,
     last_tracebacks,
     listen_variables,
+    relay_output,
     script_store,
     stop_processes,
     worker_failed,
@@ -66,9 +67,9 @@ T = TypeVar("T")
 
 #: mpirun's report of a rank a signal killed.
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
-#: A rank's stderr line under ``mpirun --tag-output``: ``[1,0]<stderr>:text``
-#: (the job, then the rank).
-_TAGGED = re.compile(r"^\[\d+,(\d+)\]<stderr>:(.*)$")
+#: The tag ``mpirun --tag-output`` puts before each write of a rank:
+#: ``[1,0]<stderr>:`` (the job, then the rank).
+_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 #: mpirun's report of the first rank that exited non-zero: ``Process name:
 #: [[37893,1],1]`` (the job, then the rank), and on the next line ``Exit code: 1``.
 _PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
@@ -178,17 +179,22 @@ class MPIRunLauncher(Launcher):
                     f"({type(exc).__name__}: {exc}). Define fn at the top level of an importable module"
                 ) from exc
             program = [sys.executable, "-m", "phalanx_mpi._rank", str(folder), LOOPBACK, str(store.port)]
-            code, report = _run(self._command(program), _one_node_environment())
+            code, report = _run(self._command(program), _one_node_environment(), tagged=False)
             if code == 0:
                 return [pickle.loads((folder / f"{r}.pkl").read_bytes()) for r in range(self.num_processes)]
             raise _failure(folder, code, report, self.num_processes)
 
     def run_script(self, command: Sequence[str]) -> None:
-        """``mpirun -np N python *command``, each line tagged by OpenMPI
-        with the rank (``[1,0]<stdout>:``)."""
-        command = self._command([sys.executable, *command], tag_output=True)
+        """``mpirun -np N python -m phalanx_core.launching.rank_program
+        *command``: each line a rank writes is marked ``[rankN]: `` (from
+        OpenMPI's tags on each write, put back together into lines), and a
+        rank whose program raises leaves at once, so that MPI's finalization
+        does not wait for peers it left in a collective."""
+        program = [sys.executable, "-m", "phalanx_core.launching.rank_program", *command]
+        command = self._command(program, tag_output=True)
         with script_store() as variables:
-            code, report = _run(command, {**_one_node_environment(), **variables})
+            env = {**_one_node_environment(), **variables, LINES_PREFIXED_VAR: "1"}
+            code, report = _run(command, env, tagged=True)
         if code != 0:
             raise _failure(None, code, report, self.num_processes)
 
@@ -213,30 +219,33 @@ def _one_node_environment() -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], env: dict[str, str]) -> tuple[int, Sequence[tuple[float, str]]]:
+def _run(command: list[str], env: dict[str, str], *, tagged: bool) -> tuple[int, Sequence[tuple[float, str]]]:
     """Run mpirun in its own session, passing its output through; return its
     exit code and the last lines of its stderr, each with when it was read
-    (for its report of a failed rank, and a rank's traceback under
-    --tag-output)."""
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    (for its report of a failed rank, and a rank's traceback). ``tagged``:
+    the ranks' writes carry OpenMPI's tags (``--tag-output``), and both
+    streams are passed on as whole lines marked ``[rankN]: ``."""
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE if tagged else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines: collections.deque[tuple[float, str]] = collections.deque(maxlen=_KEPT_LINES)
-
-    def relay() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append((time.time(), line))
-            sys.stderr.write(line)
-        sys.stderr.flush()
-
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
+    tag = _TAG if tagged else None
+    readers = [relay_output(process.stderr, sys.stderr, tag, lines)]  # type: ignore[arg-type]
+    if tagged:
+        readers.append(relay_output(process.stdout, sys.stdout, tag))  # type: ignore[arg-type]
     try:
         code = process.wait()
     except BaseException:  # interrupted (Ctrl-C) or killed: take the job down with this process
         stop_processes([process])
         raise
     finally:
-        reader.join(timeout=10)
+        for reader in readers:
+            reader.join(timeout=10)
     return code, lines
 
 
@@ -265,9 +274,8 @@ def _failure(
     signal or exit non-zero), the root cause chosen by the launchers' one
     rule (:func:`phalanx_core.launching.root_cause`)."""
     ended = _ends(report)
-    raised = last_tracebacks(
-        report, _TAGGED
-    )  # a script's ranks (run_script): seen in their output, exit code unknown
+    # A script's ranks (run_script): seen in their output, exit code unknown.
+    raised = last_tracebacks(report, RANK_LINE)
     for path in sorted(folder.glob("*.err")) if folder is not None else []:
         with contextlib.suppress(OSError, ValueError, KeyError):
             data = json.loads(path.read_text())

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
 
 from phalanx_core.launching import (
+    LINES_PREFIXED_VAR,
     LOOPBACK,
     STOP_GRACE,
     RankFailure,
@@ -254,8 +255,6 @@ class SubprocessLauncher(Launcher):
         elastic, each output line prefixed with the rank (``[rank1]: ...``),
         as ``phalanx run`` does; raise :class:`~phalanx_core.WorkerFailedError`
         for the rank that failed first."""
-        from .collectives import LINES_PREFIXED_VAR
-
         # Elastic's agent logs each stop, signal and failure; phalanx run
         # says what failed once, from the WorkerFailedError.
         with _quiet("torch.distributed.elastic"), tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:

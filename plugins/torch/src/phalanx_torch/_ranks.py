@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from phalanx_core import MisconfigurationError
-from phalanx_core.launching import die_with_parent, dumps_result, write_whole
+from phalanx_core.launching import PARENT_PID_VAR, die_with_parent, dumps_result, write_whole
 
 T = TypeVar("T")
 
@@ -21,7 +21,7 @@ T = TypeVar("T")
 RESULTS_DIR_VAR = "PHALANX_LAUNCH_RESULTS_DIR"
 _ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
 _LAUNCH_INDEX_VAR = "PHALANX_LAUNCH_INDEX"
-_LAUNCHER_PID_VAR = "PHALANX_LAUNCH_PARENT_PID"
+_LAUNCHER_PID_VAR = PARENT_PID_VAR
 #: In the ranks of a job of ``MIN:MAX`` nodes: MIN (``num_nodes`` is MAX).
 MIN_NODES_VAR = "PHALANX_LAUNCH_MIN_NODES"
 #: Counts the launches of this process, in every launcher here. A script

@@ -29,16 +29,13 @@ from phalanx_core import (
     check_scatter_list,
 )
 from phalanx_core.accelerator import Accelerator
+from phalanx_core.launching import LINES_PREFIXED_VAR
 
 from . import _listen
 from ._c10d_backends import bound_device, check_backend, check_backend_moves
 from ._c10d_errors import left_barrier, translate
 from ._c10d_store import StoreBoard, compare_plans, open_board, tcp_address
 from ._torch_work import TorchWork
-
-#: Set by ``phalanx run``'s runner in the ranks whose every output line it
-#: prefixes with the rank.
-LINES_PREFIXED_VAR = "PHALANX_LINES_PREFIXED"
 
 #: Set-ups of a default group in this process; every rank counts the same.
 _SETUPS = itertools.count()

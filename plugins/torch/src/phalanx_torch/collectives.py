@@ -9,7 +9,6 @@ code of one's own, find them (``phalanx_torch.collectives:TorchCollective``).
 from __future__ import annotations
 
 from ._single_device_collective import SingleDeviceCollective
-from ._torch_collective import LINES_PREFIXED_VAR as LINES_PREFIXED_VAR
 from ._torch_collective import TorchCollective
 
 __all__ = ["SingleDeviceCollective", "TorchCollective"]

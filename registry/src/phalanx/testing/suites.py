@@ -329,6 +329,11 @@ class LauncherSuite:
             whose raylet reaps them): a rank killed by SIGKILL must then
             still be named, with its node, and said to have died without a
             traceback, with ``exitcode`` and ``signal`` ``None``.
+        launches_functions_here: ``launch(fn)`` works from pytest's own
+            process. ``False`` for a launcher that re-runs the calling
+            script for a function too (phalanx-torch's ``subprocess``): it
+            would re-run pytest, so only the script tests run here; test its
+            ``launch(fn)`` from a script of your own.
     """
 
     launcher: ClassVar[str] = ""
@@ -339,6 +344,7 @@ class LauncherSuite:
     hang_guard: ClassVar[float] = 180.0
     sees_exit_codes: ClassVar[bool] = True
     listens: ClassVar[bool] = True
+    launches_functions_here: ClassVar[bool] = True
 
     def resolve(self) -> Any:
         """The strategy the tests launch, with your launcher by name."""
@@ -354,9 +360,15 @@ class LauncherSuite:
             **self.options,
         )
 
+    def _launch(self, fn: Any, *args: Any) -> Any:
+        """``launch(fn, *args)`` from this process, where the launcher can."""
+        if not self.launches_functions_here:
+            pytest.skip(f"launcher {self.launcher!r} re-runs the calling script for launch(fn) too (pytest)")
+        return self.resolve().launch(fn, *args)
+
     def test_every_rank_value_comes_back_by_global_rank(self, monkeypatch: pytest.MonkeyPatch) -> None:
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
-            results = self.resolve().launch(rank_value, 7)
+            results = self._launch(rank_value, 7)
         assert results == [(r, 7 + r * 10) for r in range(self.num_processes)]
 
     def test_a_rank_that_raises_fails_the_job_with_its_traceback(
@@ -364,7 +376,7 @@ class LauncherSuite:
     ) -> None:
         last = self.num_processes - 1
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
-            self.resolve().launch(raise_on_rank, last)
+            self._launch(raise_on_rank, last)
         assert info.value.rank == last, info.value
         assert f"raised on purpose in rank {last}" in (info.value.traceback or ""), info.value
         self._reported_alike(info.value, last)
@@ -373,7 +385,7 @@ class LauncherSuite:
     def test_a_rank_killed_by_sigkill_fails_the_job(self, monkeypatch: pytest.MonkeyPatch) -> None:
         last = self.num_processes - 1
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch), pytest.raises(WorkerFailedError) as info:
-            self.resolve().launch(kill_on_rank, last)
+            self._launch(kill_on_rank, last)
         assert info.value.rank == last, info.value
         self._reported_alike(info.value, last)
         if self.sees_exit_codes:
@@ -410,7 +422,7 @@ class LauncherSuite:
         import ipaddress
 
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
-            found = self.resolve().launch(listeners_of_job, os.getpid())
+            found = self._launch(listeners_of_job, os.getpid())
         sockets = sorted({s for rank in found if rank for s in rank})
         if self.listens:
             assert sockets, "no listening socket seen (the rendezvous store listens somewhere)"
@@ -450,26 +462,96 @@ class LauncherSuite:
             assert "phalanx run" in output, output
             return
         assert done.returncode == 0, output
-        seen = sorted(re.findall(r"flat rank (\d+) of (\d+) saw (\[[\d, ]*\])", done.stdout))
-        everyone = str(list(range(self.num_processes)))
-        assert seen == [(str(r), str(self.num_processes), everyone) for r in range(self.num_processes)], (
-            output
+        seen = sorted(
+            re.findall(r"^\[rank(\d+)\]: flat rank (\d+) of (\d+) saw (\[[\d, ]*\])$", done.stdout, re.M)
         )
+        everyone = str(list(range(self.num_processes)))
+        n = str(self.num_processes)
+        assert seen == [(str(r), str(r), n, everyone) for r in range(self.num_processes)], output
+
+    @pytest.mark.parametrize("how", ["raise", "sigkill"])
+    def test_a_failing_rank_of_a_script_is_reported_alike(self, how: str, tmp_path: Any) -> None:
+        """The failure checks above, for a launcher that re-runs a script
+        (``python flat.py`` calling ``strategy.launch()``): the first process
+        exits non-zero with the same report, the failing rank named first
+        with its traceback or its signal, and nothing is left running (the
+        other ranks were blocked in a barrier on the lost one)."""
+        import re
+        import sys
+
+        from phalanx_core.launcher import Launcher
+        from phalanx_core.testing.processes import run_tagged
+
+        if type(self.resolve().launcher).run_script is Launcher.run_script:
+            pytest.skip(f"launcher {self.launcher!r} runs no scripts (test_a_flat_script_launches_itself)")
+        last = self.num_processes - 1
+        flags = {
+            "strategy": self.strategy,
+            "accelerator": self.accelerator,
+            "devices": self.num_processes,
+            "launcher": self.launcher,
+            **self.options,
+        }
+        script = tmp_path / "failing.py"
+        script.write_text(_FAILING_SCRIPT.format(flags=repr(flags), last=last, how=how))
+        done = run_tagged([sys.executable, str(script)], timeout=self.hang_guard, cwd=tmp_path)
+        output = done.stdout + done.stderr
+        # The ranks' output is above, each line marked with its rank; the
+        # launching process says once which rank failed first and exits 1.
+        assert done.returncode == 1, output
+        who = rf"strategy\.launch\(\): rank {last}( \(node \d+(, host [^)]*)?\))?"
+        if how == "raise":
+            said = who + rf" raised first; its traceback is in the lines above marked \[rank{last}\]"
+        elif self.sees_exit_codes:
+            said = who + " was killed by SIGKILL first"
+        else:
+            said = who + " died first, how could not be seen"
+        assert re.search(said, output), output
+        assert "The other ranks were stopped." in output, output
+        marked = [line for line in output.splitlines() if line.startswith(f"[rank{last}]: ")]
+        if how == "raise":
+            assert any(f"raised on purpose in rank {last}" in line for line in marked), output
+            assert any(line.startswith(f"[rank{last}]: Traceback") for line in marked), output
 
 
 #: A flat script (no function to launch) for the launcher suite: the rest of
-#: the script is each rank's program. One write per line: mpirun and
-#: horovodrun tag each write of a rank, not each line.
+#: the script is each rank's program. Its line is written in two writes, the
+#: first flushed (mpirun and horovodrun tag each write of a rank, and another
+#: rank's write may come between the two): the launcher puts it back
+#: together, marked with the rank.
 _FLAT_SCRIPT = """\
 import sys
+import time
 
 import phalanx
 
 strategy = phalanx.resolve(**{flags})
 strategy.launch()
 ranks = strategy.all_gather_object(strategy.global_rank)
-sys.stdout.write(f"flat rank {{strategy.global_rank}} of {{strategy.world_size}} saw {{ranks}}\\n")
+sys.stdout.write(f"flat rank {{strategy.global_rank}}")
 sys.stdout.flush()
+time.sleep(0.2)
+sys.stdout.write(f" of {{strategy.world_size}} saw {{ranks}}\\n")
+sys.stdout.flush()
+"""
+
+
+#: A flat script of which the last rank fails, raising or killed by SIGKILL,
+#: while the others wait for it in a barrier.
+_FAILING_SCRIPT = """\
+import os
+import signal
+
+import phalanx
+
+strategy = phalanx.resolve(**{flags})
+strategy.launch()
+strategy.barrier()
+if strategy.global_rank == {last}:
+    if {how!r} == "raise":
+        raise ValueError("raised on purpose in rank {last}")
+    os.kill(os.getpid(), signal.SIGKILL)
+strategy.barrier()
 """
 
 
