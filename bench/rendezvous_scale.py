@@ -25,7 +25,7 @@ job's store and nothing else:
   ``_assign_worker_ranks`` on the round's store and ``restarts()``; on a
   failure ``count_failure()`` and a new round. Heartbeats are elastic's
   own timer thread.
-* phalanx's node watch: ``_elastic._NodeWatch`` itself (its own client,
+* phalanx's node watch: ``_node_watch.NodeWatch`` itself (its own client,
   ``PrefixStore("phalanx/failed", ...)``, ``add("posts", 0)`` every
   ``POLL`` = 0.2 s), where interrupting the node records the time instead
   of sending SIGTERM. ``--watch push`` runs instead the changes this
@@ -117,7 +117,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import RankFailure, hosted_store, root_cause
 from phalanx_torch import _rounds
-from phalanx_torch._elastic import _NodeWatch
+from phalanx_torch._node_watch import NodeWatch as _NodeWatch
 
 LOOPBACK = "127.0.0.1"
 MONITOR = 0.1  # elastic's monitor_interval, as the launcher sets it

@@ -7,17 +7,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,16 +30,31 @@ from phalanx_core.launching import (
     STOP_GRACE,
     RankFailure,
     check_count,
-    hosted_store,
     listen_variables,
     root_cause,
-    signal_name,
     warn_died_after_delivery,
     worker_failed,
 )
 
-from ._arrivals import meet
+from ._elastic_agent import (
+    LAST_ROUND,
+    agent_class,
+    failures_of,
+    print_elsewhere,
+    say,
+    signal_handlers_kept,
+    stopped_words,
+    store_lost_errors,
+)
+from ._elastic_rendezvous import (
+    ONE_NODE,
+    STATIC,
+    create_one_node_rendezvous,
+    create_static_rendezvous,
+    register_rendezvous,
+)
 from ._listen import listen_address, one_thread
+from ._node_watch import NodeWatch
 from ._ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
@@ -53,7 +64,7 @@ from ._ranks import (
     T,
     _run_here,
 )
-from ._rounds import KEEP_ALIVE, MET, RendezvousPlace, job_store, parse_rendezvous
+from ._rounds import KEEP_ALIVE, RendezvousPlace, job_store, parse_rendezvous
 from ._rounds import register as register_rounds
 
 __all__ = ["SubprocessLauncher"]
@@ -239,8 +250,8 @@ class SubprocessLauncher(Launcher):
     def _this_node(self) -> tuple[range, int]:
         """This node's global ranks and the world, in the last round of a
         job in rounds (given by the rendezvous), else as configured."""
-        if self.elastic and _LAST_ROUND:
-            group_rank, group_world_size = _LAST_ROUND[-1]
+        if self.elastic and LAST_ROUND:
+            group_rank, group_world_size = LAST_ROUND[-1]
             first = group_rank * self.num_processes
             return range(first, first + self.num_processes), group_world_size * self.num_processes
         first = self.node_rank * self.num_processes
@@ -275,7 +286,7 @@ class SubprocessLauncher(Launcher):
             newer["shutdown_timeout"] = STOP_GRACE
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         rendezvous = self._rendezvous()
-        rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(_say, who)
+        rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(say, who)
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
         variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
@@ -298,40 +309,40 @@ class SubprocessLauncher(Launcher):
             **newer,
             **rendezvous,
         )
-        watch = _NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
+        watch = NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
         node = self.node_rank if self.num_nodes > 1 else None
         with (
             _variables(variables),
-            _signal_handlers_kept(),
+            signal_handlers_kept(),
             watch,
-            _agent_class(who, self.max_restarts, node, elastic=self.elastic),
+            agent_class(who, self.max_restarts, node, elastic=self.elastic),
         ):
             try:
                 elastic_launch(config, sys.executable)(*command)
-            except _store_lost_errors() as exc:
+            except store_lost_errors() as exc:
                 if not self.elastic or self._hosts_store or self._place().kind != "c10d":
                     raise
                 raise self._node_zero_lost(exc) from exc
             except ChildFailedError as exc:
                 ranks, _ = self._this_node()
                 node_now = ranks[0] // self.num_processes  # in rounds, this node's rank in the last one
-                failures = _failures(exc, node_now if self.num_nodes > 1 else None)
+                failures = failures_of(exc, node_now if self.num_nodes > 1 else None)
                 local = root_cause(failures)
                 try:
                     first = watch.settle(local)
                 except SignalException:  # the watch's signal, sent as this node's ranks failed too
                     first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
                 if first is not local and prefix_lines:
-                    _print_elsewhere(first)
-                stopped = _stopped(self.num_nodes)
+                    print_elsewhere(first)
+                stopped = stopped_words(self.num_nodes)
                 raise worker_failed(
                     "subprocess", [first, *failures], self.world_size, stopped=stopped
                 ) from exc
             except SignalException as exc:
                 if watch.remote is not None:  # another node's rank failed; the agent stopped ours
                     if prefix_lines:
-                        _print_elsewhere(watch.remote)
-                    stopped = _stopped(self.num_nodes)
+                        print_elsewhere(watch.remote)
+                    stopped = stopped_words(self.num_nodes)
                     raise worker_failed(
                         "subprocess", [watch.remote], self.world_size, stopped=stopped
                     ) from None
@@ -397,7 +408,7 @@ class SubprocessLauncher(Launcher):
         if self.num_nodes == 1:
             return {
                 "run_id": f"phalanx-{uuid.uuid4().hex}",
-                "rdzv_backend": _register_rendezvous(_ONE_NODE, _create_one_node_rendezvous),
+                "rdzv_backend": register_rendezvous(ONE_NODE, create_one_node_rendezvous),
                 "rdzv_configs": {"timeout": timeout},
                 "local_addr": LOOPBACK,
                 "listen": LOOPBACK,
@@ -411,7 +422,7 @@ class SubprocessLauncher(Launcher):
             )
         return {
             "run_id": f"phalanx-{address}:{port}",  # the same on every node
-            "rdzv_backend": _register_rendezvous(_STATIC, _create_static_rendezvous),
+            "rdzv_backend": register_rendezvous(STATIC, create_static_rendezvous),
             "rdzv_endpoint": f"{address}:{port}",
             "rdzv_configs": {"rank": self.node_rank, "timeout": timeout},
             "listen": listen_address(address, port, self.num_nodes),
@@ -459,137 +470,6 @@ class SubprocessLauncher(Launcher):
                 )
             values[rank] = pickle.loads(path.read_bytes())
         return values
-
-
-_ONE_NODE = "phalanx-one-node"
-_STATIC = "phalanx-static"
-
-
-def _register_rendezvous(name: str, create: Callable[[Any], Any]) -> str:
-    """Register (once) one of this module's elastic rendezvous; return its name."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(name, create)
-    return name
-
-
-def _create_static_rendezvous(params: Any) -> Any:
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
-
-    static: Any = create_rdzv_handler(params)  # checks the endpoint and the rank
-    timeout = int(static.timeout.total_seconds())
-    handler = _static_rendezvous_class()(
-        static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
-    )
-    handler.say = params.config.get("say")
-    return handler
-
-
-@functools.cache
-def _static_rendezvous_class() -> type:
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
-
-    class StaticRendezvous(StaticTCPRendezvous):
-        """Elastic's static rendezvous (several nodes; node 0's agent hosts
-        the store), with node 0's store listening on the address the other
-        nodes reach it by (see :mod:`._listen`), not on every interface."""
-
-        def get_backend(self) -> str:
-            return _STATIC
-
-        say: Callable[[str], None] | None = None
-
-        def next_rendezvous(self) -> Any:
-            if self._store is None:
-                # Every node says it arrived; node 0 waits for all, saying
-                # what it waits for, and names a node that never comes.
-                def host() -> Any:
-                    address = listen_address(self.master_addr, self.master_port, self.world_size)
-                    return hosted_store(
-                        address,
-                        self.master_port,
-                        world_size=self.world_size,
-                        timeout=self.timeout,
-                        wait_for_workers=False,
-                    )
-
-                self._store = meet(
-                    node_rank=self.rank,
-                    num_nodes=self.world_size,
-                    address=self.master_addr,
-                    port=self.master_port,
-                    timeout=self.timeout.total_seconds(),
-                    host_store=host,
-                    say=self.say,
-                )
-            info = super().next_rendezvous()
-            MET.set()  # node 0's store is up: the node watch may connect
-            return info
-
-    return StaticRendezvous
-
-
-def _create_one_node_rendezvous(params: Any) -> Any:
-    return _one_node_rendezvous_class()(params.run_id, int(params.config.get("timeout", 900)))
-
-
-@functools.cache
-def _one_node_rendezvous_class() -> type:
-    import datetime
-
-    import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import (
-        RendezvousHandler,
-        RendezvousInfo,
-        RendezvousStoreInfo,
-    )
-
-    class OneNodeRendezvous(RendezvousHandler):
-        """One node (``torchrun --standalone``): every round, the first and
-        each restart, gets a new TCPStore on a port the kernel gives, which
-        the agent keeps and the ranks join as clients. A new store per round
-        means a restarted rank never reads the keys of the attempt before
-        (torch 2.13's c10d rendezvous keeps one store across restarts, and
-        restarted ranks then connect to the dead ranks' addresses)."""
-
-        def __init__(self, run_id: str, timeout: int) -> None:
-            self._run_id = run_id
-            self._timeout = datetime.timedelta(seconds=timeout)
-            self._store: Any = None
-            self._round = 0
-            self._closed = False
-
-        def get_backend(self) -> str:
-            return _ONE_NODE
-
-        @property
-        def use_agent_store(self) -> bool:
-            return True
-
-        def next_rendezvous(self) -> Any:
-            self._store = None  # the ranks of the round before are stopped
-            self._store = hosted_store(LOOPBACK, wait_for_workers=False, timeout=self._timeout)
-            self._round += 1
-            prefixed = dist.PrefixStore(f"{self._run_id}/{self._round}", self._store)  # type: ignore[attr-defined]
-            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port))
-
-        def is_closed(self) -> bool:
-            return self._closed
-
-        def set_closed(self) -> None:
-            self._closed = True
-
-        def num_nodes_waiting(self) -> int:
-            return 0
-
-        def get_run_id(self) -> str:
-            return self._run_id
-
-        def shutdown(self) -> bool:
-            self._store = None
-            return True
-
-    return OneNodeRendezvous
 
 
 def _script_command() -> list[str]:
@@ -667,314 +547,3 @@ def _quiet(prefix: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-def _say(who: str, line: str) -> None:
-    sys.stderr.write(f"{who}: {line}\n")
-    sys.stderr.flush()
-
-
-def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_rank: int | None) -> None:
-    """Say on stderr which rank failed (phalanx's root-cause rule over every
-    failed rank of this node) and that every rank starts again."""
-    failures = _failures(result, node_rank)
-    what = "a rank failed"
-    if failures:
-        first = root_cause(failures)
-        killed = signal_name(first.exitcode)
-        how = f"killed by {killed}" if killed else f"exit code {first.exitcode}"
-        last = (first.traceback or "").strip().splitlines()[-1:]
-        what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
-    sys.stderr.write(
-        f"{who}: {what}; every rank is stopped and started again (restart {restart} of {max_restarts})\n"
-    )
-    sys.stderr.flush()
-
-
-@contextlib.contextmanager
-def _agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: bool) -> Iterator[None]:
-    """While elastic's launch runs, its agent (torch's LocalElasticAgent)
-    is this subclass, which says each restart and the rank that caused it
-    (:func:`_say_restart`; elastic's own log line names the rank its
-    whole-second timestamps make first, often a rank it stopped itself),
-    and, for a job in rounds (:mod:`._rounds`), counts restarts for the
-    job rather than for this node and gives the ranks their node's rank in
-    the round (``NODE_RANK``)."""
-    if not max_restarts and not elastic:
-        yield
-        return
-    from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.launcher import api
-
-    launcher_api: Any = api
-    base = launcher_api.LocalElasticAgent
-
-    class PhalanxAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
-        _last: Any = None
-        _joining = False
-
-        def _rounds(self) -> Any:
-            handler = self._worker_group.spec.rdzv_handler
-            return handler if hasattr(handler, "count_failure") else None
-
-        def _monitor_workers(self, worker_group: Any) -> Any:
-            self._last = result = super()._monitor_workers(worker_group)
-            self._joining = False
-            rounds = self._rounds()
-            if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if not rounds.failed() and rounds.nodes_waiting_now():
-                    # A node waits to join and no node saw this round fail:
-                    # another node has stopped its ranks for the new round,
-                    # and ours lost their peers. A change of members, not a
-                    # failure (not counted).
-                    self._joining = True
-                    self._remaining_restarts = max(1, max_restarts - rounds.restarts() + 1)
-                else:
-                    # The job's count, this round's failure included; elastic
-                    # then restarts while its own count stays above 0.
-                    self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
-            return result
-
-        def _rendezvous(self, worker_group: Any) -> None:
-            super()._rendezvous(worker_group)
-            rounds = self._rounds()
-            if rounds is not None:
-                self._remaining_restarts = max(0, max_restarts - rounds.restarts())
-                os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
-                _LAST_ROUND.append((worker_group.group_rank, worker_group.group_world_size))
-                results = os.environ.get(RESULTS_DIR_VAR)
-                if results:  # what ranks of a round before left is not this round's
-                    for stale in Path(results).glob("*.pkl"):
-                        stale.unlink(missing_ok=True)
-
-        def _restart_workers(self, worker_group: Any) -> None:
-            last = self._last
-            failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
-            if failed and not self._joining:
-                restart = max_restarts - self._remaining_restarts
-                _say_restart(who, last, restart, max_restarts, node_rank)
-            elif last is not None:
-                waiting = self._worker_group.spec.rdzv_handler.num_nodes_waiting()
-                sys.stderr.write(
-                    f"{who}: {waiting or 'a'} node{'s' if waiting > 1 else ''} asked to join; every rank "
-                    "is stopped and the nodes meet in a new round (not counted as a restart)\n"
-                )
-                sys.stderr.flush()
-            self._last = None
-            super()._restart_workers(worker_group)
-
-    launcher_api.LocalElasticAgent = PhalanxAgent  # what elastic_launch makes its agent of
-    _LAST_ROUND.clear()
-    try:
-        yield
-    finally:
-        launcher_api.LocalElasticAgent = base
-
-
-#: This node's rank and the number of nodes in each round of the launch
-#: under way (a job in rounds), the last one last.
-_LAST_ROUND: list[tuple[int, int]] = []
-
-
-@contextlib.contextmanager
-def _signal_handlers_kept() -> Iterator[None]:
-    """Elastic's agent replaces the handlers of SIGTERM, SIGINT, SIGHUP and
-    SIGQUIT to stop the ranks; put this process's own back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
-    saved = {sig: signal.getsignal(sig) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-
-
-def _failures(exc: Any, node_rank: int | None) -> list[RankFailure]:
-    """Every failed rank of elastic's ChildFailedError, each at the time its
-    error file was written where there is one (elastic orders by whole
-    seconds, which often names a rank that only lost its peer; the file's
-    time is finer). ``node_rank``: this node's, in a job of several."""
-    failures = []
-    host = socket.gethostname() if node_rank is not None else None
-    for rank, failure in exc.failures.items():
-        traceback_text: str | None = None
-        when = float(failure.timestamp)
-        message = failure.error_file_data.get("message")
-        if isinstance(message, dict):
-            traceback_text = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
-        elif isinstance(message, str) and message != "<NONE>":
-            traceback_text = message
-        with contextlib.suppress(OSError):
-            when = os.stat(failure.error_file).st_mtime
-        failures.append(
-            RankFailure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
-        )
-    return failures
-
-
-def _stopped(num_nodes: int) -> str:
-    return "Every other rank was stopped" + (", on every node" if num_nodes > 1 else "")
-
-
-def _print_elsewhere(failure: RankFailure) -> None:
-    """Another node's failure, in the lines its rank would have written
-    here: its traceback, each line marked ``[rankN]:``."""
-    text = failure.traceback or f"(no traceback; exit code {failure.exitcode})"
-    lines = [f"[rank{failure.rank}]: (on node {failure.node}, host {failure.host})"]
-    lines += [f"[rank{failure.rank}]: {line}" for line in text.rstrip().splitlines()]
-    sys.stderr.write("\n".join(lines) + "\n")
-    sys.stderr.flush()
-
-
-def _store_lost_errors() -> tuple[type[BaseException], ...]:
-    """What elastic's launch raises when the job's store stops answering."""
-    import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-
-    return (RendezvousConnectionError, dist.DistNetworkError)
-
-
-class _NodeWatch:
-    """Tells every node of a job when it ends with a failure on one of
-    them, through the job's store (node 0's, or etcd), so that no node
-    waits for a peer that is gone.
-
-    A node whose launch fails (out of restarts) posts its failure (rank,
-    node, host, exit code, traceback, time). A thread on every node reads
-    the count of posts every ``POLL`` seconds; on a node whose ranks still
-    run, a post stops them (SIGTERM to this process, which elastic's agent
-    turns into stopping its ranks), and :attr:`remote` holds the failure
-    the node reports. Which failure is the root cause is decided by
-    :func:`~phalanx_core.launching.root_cause` over every post: a rank that raised comes before
-    a rank that lost its peer as a result. The node that hosts the store
-    (node 0, unless it is in etcd) waits after a failure, at most ``HOLD``
-    seconds, until every other node has said it is done reading the posts.
-    One node: nothing to watch.
-    """
-
-    POLL = 0.2
-    #: How long a node whose rank lost a peer waits for the post of the
-    #: rank that caused it, and node 0 for the others to read the posts.
-    HOLD = 5.0
-
-    def __init__(
-        self, connect: Callable[[], Any] | None, node_rank: int, num_nodes: int, *, hosts_store: bool
-    ) -> None:
-        self.connect = connect
-        self.node_rank = node_rank
-        self.num_nodes = num_nodes
-        self.hosts_store = hosts_store
-        self.remote: RankFailure | None = None
-        #: This node among the posts: its host and launching process.
-        self.me = f"{socket.gethostname()}-{os.getpid()}"
-        self._store: Any = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._signal_lock = threading.Lock()
-
-    def __enter__(self) -> _NodeWatch:
-        MET.clear()
-        if self.connect is not None and threading.current_thread() is threading.main_thread():
-            self._thread = threading.Thread(target=self._watch, name="phalanx-node-watch", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._signal_lock:  # no signal once the launch is over
-            self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.POLL * 5)
-
-    def _interrupt(self) -> None:
-        """Stop this node's ranks: SIGTERM, which elastic's agent handles by
-        stopping them, and which ends its run with a SignalException; not
-        once this node's own failure is being settled, or the launch is over."""
-        with self._signal_lock:
-            if not self._stop.is_set():
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    def _connect(self) -> Any:
-        with self._lock:
-            if self._store is None:
-                import torch.distributed as dist
-
-                assert self.connect is not None
-                self._store = dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
-            return self._store
-
-    def _posts(self) -> list[tuple[str, RankFailure]]:
-        store = self._connect()
-        found = []
-        for index in range(1, int(store.add("posts", 0)) + 1):
-            key = f"post/{index}"
-            if not store.check([key]):
-                # Counted but not written yet (perhaps by settle() on this
-                # very client, whose set would wait behind a blocking get):
-                # read it next time.
-                continue
-            who, _, text = store.get(key).decode().partition(" ")
-            found.append((who, RankFailure.from_dict(json.loads(text))))
-        return found
-
-    def _others(self) -> list[RankFailure]:
-        return [failure for who, failure in self._posts() if who != self.me]
-
-    def _watch(self) -> None:
-        # Connect once this node has met the others at the job's store (not
-        # while the agent's own client is still connecting to it).
-        while not MET.wait(self.POLL):
-            if self._stop.is_set():
-                return
-        try:
-            store = self._connect()
-            while not self._stop.wait(self.POLL):
-                if store.add("posts", 0):
-                    posts = self._others()
-                    if posts:
-                        self.remote = root_cause(posts)
-                        store.add("done", 1)
-                        self._interrupt()
-                        return
-        except (RuntimeError, ValueError, OSError):
-            return  # the job's store is gone: the job has ended, or node 0 with it
-
-    def settle(self, local: RankFailure) -> RankFailure:
-        """Post this node's first failure; return the job's root cause, this
-        one or another node's."""
-        if self.connect is None:
-            return local
-        with self._signal_lock:
-            self._stop.set()
-        # What the watch already read counts even if node 0's store is gone
-        # by now (node 0 leaves once every node has read the posts).
-        known = [local] + ([self.remote] if self.remote is not None else [])
-        posts = known
-        try:
-            store = self._connect()
-            index = store.add("posts", 1)
-            store.set(f"post/{index}", f"{self.me} {json.dumps(local.to_dict())}")
-            deadline = time.monotonic() + self.HOLD
-            posts = self._others() + known
-            # A rank that lost a peer (or was stopped) is rarely the cause:
-            # while the likeliest cause posted is only that, wait a little
-            # for the post of the node whose rank is the cause (with three
-            # nodes or more, another node's lost-peer post came first, and
-            # waiting only while this node's own was the likeliest named
-            # the wrong cause on half the nodes of a 128-node simulation).
-            while root_cause(posts).order()[0] >= 2 and time.monotonic() < deadline:
-                time.sleep(self.POLL)
-                posts = self._others() + known
-            if self.hosts_store:  # the store goes with this process: let the others read it
-                while store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
-                    time.sleep(self.POLL)
-            else:
-                store.add("done", 1)
-        except (RuntimeError, ValueError, OSError):
-            pass  # the job's store is gone: what was read before counts
-        first = root_cause(posts)
-        return local if first == local else first

@@ -1,0 +1,190 @@
+"""What the ``subprocess`` launcher changes in torch elastic's agent, and
+reads from it: the job-wide restart count and what each node says of a
+restart (:func:`agent_class`), the last round's node rank, the failures of
+a ``ChildFailedError`` as core's records, the signal handlers kept, and the
+errors that mean node 0's store is gone. Imports no torch at import time."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from phalanx_core.launching import RankFailure, root_cause, signal_name
+
+from ._ranks import RESULTS_DIR_VAR
+
+
+def say(who: str, line: str) -> None:
+    sys.stderr.write(f"{who}: {line}\n")
+    sys.stderr.flush()
+
+
+def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_rank: int | None) -> None:
+    """Say on stderr which rank failed (phalanx's root-cause rule over every
+    failed rank of this node) and that every rank starts again."""
+    failures = failures_of(result, node_rank)
+    what = "a rank failed"
+    if failures:
+        first = root_cause(failures)
+        killed = signal_name(first.exitcode)
+        how = f"killed by {killed}" if killed else f"exit code {first.exitcode}"
+        last = (first.traceback or "").strip().splitlines()[-1:]
+        what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
+    sys.stderr.write(
+        f"{who}: {what}; every rank is stopped and started again (restart {restart} of {max_restarts})\n"
+    )
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: bool) -> Iterator[None]:
+    """While elastic's launch runs, its agent (torch's LocalElasticAgent)
+    is this subclass, which says each restart and the rank that caused it
+    (:func:`_say_restart`; elastic's own log line names the rank its
+    whole-second timestamps make first, often a rank it stopped itself),
+    and, for a job in rounds (:mod:`._rounds`), counts restarts for the
+    job rather than for this node and gives the ranks their node's rank in
+    the round (``NODE_RANK``)."""
+    if not max_restarts and not elastic:
+        yield
+        return
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.launcher import api
+
+    launcher_api: Any = api
+    base = launcher_api.LocalElasticAgent
+
+    class PhalanxAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
+        _last: Any = None
+        _joining = False
+
+        def _rounds(self) -> Any:
+            handler = self._worker_group.spec.rdzv_handler
+            return handler if hasattr(handler, "count_failure") else None
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            self._last = result = super()._monitor_workers(worker_group)
+            self._joining = False
+            rounds = self._rounds()
+            if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                if not rounds.failed() and rounds.nodes_waiting_now():
+                    # A node waits to join and no node saw this round fail:
+                    # another node has stopped its ranks for the new round,
+                    # and ours lost their peers. A change of members, not a
+                    # failure (not counted).
+                    self._joining = True
+                    self._remaining_restarts = max(1, max_restarts - rounds.restarts() + 1)
+                else:
+                    # The job's count, this round's failure included; elastic
+                    # then restarts while its own count stays above 0.
+                    self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
+            return result
+
+        def _rendezvous(self, worker_group: Any) -> None:
+            super()._rendezvous(worker_group)
+            rounds = self._rounds()
+            if rounds is not None:
+                self._remaining_restarts = max(0, max_restarts - rounds.restarts())
+                os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
+                LAST_ROUND.append((worker_group.group_rank, worker_group.group_world_size))
+                results = os.environ.get(RESULTS_DIR_VAR)
+                if results:  # what ranks of a round before left is not this round's
+                    for stale in Path(results).glob("*.pkl"):
+                        stale.unlink(missing_ok=True)
+
+        def _restart_workers(self, worker_group: Any) -> None:
+            last = self._last
+            failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+            if failed and not self._joining:
+                restart = max_restarts - self._remaining_restarts
+                _say_restart(who, last, restart, max_restarts, node_rank)
+            elif last is not None:
+                waiting = self._worker_group.spec.rdzv_handler.num_nodes_waiting()
+                sys.stderr.write(
+                    f"{who}: {waiting or 'a'} node{'s' if waiting > 1 else ''} asked to join; every rank "
+                    "is stopped and the nodes meet in a new round (not counted as a restart)\n"
+                )
+                sys.stderr.flush()
+            self._last = None
+            super()._restart_workers(worker_group)
+
+    launcher_api.LocalElasticAgent = PhalanxAgent  # what elastic_launch makes its agent of
+    LAST_ROUND.clear()
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = base
+
+
+#: This node's rank and the number of nodes in each round of the launch
+#: under way (a job in rounds), the last one last.
+LAST_ROUND: list[tuple[int, int]] = []
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Elastic's agent replaces the handlers of SIGTERM, SIGINT, SIGHUP and
+    SIGQUIT to stop the ranks; put this process's own back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
+    saved = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def failures_of(exc: Any, node_rank: int | None) -> list[RankFailure]:
+    """Every failed rank of elastic's ChildFailedError, each at the time its
+    error file was written where there is one (elastic orders by whole
+    seconds, which often names a rank that only lost its peer; the file's
+    time is finer). ``node_rank``: this node's, in a job of several."""
+    failures = []
+    host = socket.gethostname() if node_rank is not None else None
+    for rank, failure in exc.failures.items():
+        traceback_text: str | None = None
+        when = float(failure.timestamp)
+        message = failure.error_file_data.get("message")
+        if isinstance(message, dict):
+            traceback_text = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
+        elif isinstance(message, str) and message != "<NONE>":
+            traceback_text = message
+        with contextlib.suppress(OSError):
+            when = os.stat(failure.error_file).st_mtime
+        failures.append(
+            RankFailure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
+        )
+    return failures
+
+
+def stopped_words(num_nodes: int) -> str:
+    return "Every other rank was stopped" + (", on every node" if num_nodes > 1 else "")
+
+
+def print_elsewhere(failure: RankFailure) -> None:
+    """Another node's failure, in the lines its rank would have written
+    here: its traceback, each line marked ``[rankN]:``."""
+    text = failure.traceback or f"(no traceback; exit code {failure.exitcode})"
+    lines = [f"[rank{failure.rank}]: (on node {failure.node}, host {failure.host})"]
+    lines += [f"[rank{failure.rank}]: {line}" for line in text.rstrip().splitlines()]
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
+def store_lost_errors() -> tuple[type[BaseException], ...]:
+    """What elastic's launch raises when the job's store stops answering."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    return (RendezvousConnectionError, dist.DistNetworkError)
