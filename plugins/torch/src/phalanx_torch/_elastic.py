@@ -113,17 +113,19 @@ class SubprocessLauncher(Launcher):
         monitor_interval: seconds between elastic's checks of the ranks.
         rendezvous_timeout: seconds to wait for every node to join.
 
-    One node (like ``torchrun --standalone``): a rendezvous of this module
-    that gives every round, the first and each restart, a new TCPStore
-    listening on ``127.0.0.1`` only, on a port the kernel gives; the agent
-    keeps it and the ranks join it as clients, and their gloo listens on
-    ``127.0.0.1`` too. Several nodes: elastic's static rendezvous at the
-    environment's ``main_address``/``main_port`` (``MASTER_ADDR`` /
-    ``MASTER_PORT``), which node 0 hosts, listening (as the ranks' gloo) on
-    the address this node reaches the main address from (see
-    :mod:`._listen`); start the same script on every node with its
-    ``NODE_RANK``. A failure stops this node's ranks; the
-    other nodes learn of it when their collectives fail or time out.
+    One node (like ``torchrun --standalone``): a rendezvous of
+    :mod:`._elastic_rendezvous` that gives every round, the first and each
+    restart, a new TCPStore listening on ``127.0.0.1`` only, on a port the
+    kernel gives; the agent keeps it and the ranks join it as clients, and
+    their gloo listens on ``127.0.0.1`` too. Several nodes: start the same
+    script on every node with its ``NODE_RANK``. Without restarts, MIN:MAX
+    or etcd, the nodes meet once at the environment's ``main_address`` /
+    ``main_port`` (``MASTER_ADDR`` / ``MASTER_PORT``), on a store node 0
+    hosts, listening (as the ranks' gloo) on the address this node reaches
+    the main address from (see :mod:`._listen`); with any of them they meet
+    in rounds (:mod:`._rounds`). Either way a failure on one node stops the
+    ranks of every node within seconds (:mod:`._node_watch`), and every node
+    names the same rank as the one that failed first.
     """
 
     is_interactive_compatible: ClassVar[bool] = False
