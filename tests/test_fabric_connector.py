@@ -348,6 +348,13 @@ class Accel(Accelerator):
         return [torch.device("cpu")] * (devices if isinstance(devices, int) else 1)
 
 
+class AccelOfCPUs(Accel):
+    """The same, saying its devices' torch type (issue 31, item 5)."""
+
+    name = "custom_acc_name"
+    device_type = "cpu"
+
+
 class Prec(Precision):
     pass
 
@@ -645,8 +652,14 @@ CASES: list[Case] = [
       resolve("ddp", accelerator=Make(Accel, "Accel()"), devices=2),
       "keeps the custom accelerator", BY_DESIGN,
       raises(MisconfigurationError, "torch.distributed's gloo moves cpu and cuda tensors only",
-             "cannot run on 'custom_acc_name'"),
+             "cannot run on 'custom_acc_name'", "device_type"),
       group="accelerator_name"),
+    C("custom_accelerator_ddp_device_type", "test_custom_accelerator",
+      "ddp with a custom accelerator whose name is not a torch device type, saying its device_type",
+      resolve("ddp", accelerator=Make(AccelOfCPUs, "AccelOfCPUs()"), devices=2),
+      "keeps the custom accelerator", AGREES,
+      Plan("DDPStrategy", "custom_acc_name", "LocalEnvironment", "SubprocessLauncher", 2,
+           kept=("accelerator",))),
     C("custom_accelerator_single", "test_custom_accelerator",
       "a custom accelerator instance on one device",
       resolve(accelerator=Make(Accel, "Accel()"), devices=1),
@@ -1505,11 +1518,12 @@ GROUPS: dict[str, tuple[str, str]] = {
         "not cross-checked (a CPU accelerator with CUDA parallel_devices constructs).",
     ),
     "accelerator_name": (
-        "An accelerator's name is its torch device type",
-        "Accelerator.name must be the torch device type (cpu, cuda, mps, xla), because the collective "
-        "checks which backend moves that device's tensors. An accelerator named 'custom_acc_name' is "
-        "refused by gloo even though its devices are torch.device('cpu'). On one device, where no "
-        "collective moves tensors, a custom accelerator works.",
+        "An accelerator says its torch device type",
+        "The collective checks which backend moves the tensors of the accelerator's devices, by "
+        "Accelerator.device_type (cpu, cuda, mps, xla), which is the accelerator's name unless the "
+        "class says otherwise. An accelerator named 'custom_acc_name' that does not say is refused by "
+        "gloo, with the fix named (set device_type); one that sets device_type = 'cpu' trains under ddp. "
+        "On one device, where no collective moves tensors, any custom accelerator works.",
     ),
     "fsdp_cpu": (
         "fsdp runs on the CPU",

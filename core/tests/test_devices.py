@@ -37,3 +37,31 @@ def test_device_flags(flag, expected):
 def test_bad_device_flags(flag, match):
     with pytest.raises(MisconfigurationError, match=match):
         parse_device_indices(flag, 4, accelerator="cuda")
+
+
+def test_an_accelerator_says_its_device_type_or_its_name_stands_for_it():
+    from phalanx_core import Accelerator, Availability
+
+    class Named(Accelerator):
+        name = "cuda"
+
+        @classmethod
+        def availability(cls) -> Availability:
+            return Availability(True)
+
+        @classmethod
+        def device_count(cls) -> int:
+            return 1
+
+        def get_device(self, index: int) -> str:
+            return f"cuda:{index}"
+
+    class Renamed(Named):  # a third party's accelerator of the same devices
+        name = "my_gpu"
+
+    class Saying(Named):
+        name = "custom_acc_name"
+        device_type = "cpu"
+
+    assert (Named.device_type, Renamed.device_type, Saying.device_type) == ("cuda", "cuda", "cpu")
+    assert Saying().device_type == "cpu"

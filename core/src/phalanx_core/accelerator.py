@@ -87,14 +87,27 @@ class Accelerator(ABC):
     :meth:`setup_device` once in each rank.
 
     Attributes:
-        name: the device type (``"cpu"``, ``"cuda"``).
+        name: the accelerator's name in the registry (``"cpu"``,
+            ``"cuda"``).
+        device_type: torch's type of its devices (``torch.device(...).type``:
+            ``"cpu"``, ``"cuda"``), which collectives and precisions go by;
+            the ``name`` where a class does not say (a third party's
+            ``"my_gpu"`` accelerator of ``"cuda"`` devices sets it).
         collective_backend: the default backend for a collective on this
             device, in torch.distributed's terms (``"gloo"`` for cpu,
             ``"nccl"`` for cuda); ``None`` where the device has its own.
     """
 
     name: ClassVar[str]
+    device_type: ClassVar[str]
     collective_backend: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The first class that names itself, and says no device type, has
+        # devices of its name's type; its subclasses inherit that type.
+        if not hasattr(cls, "device_type") and isinstance(cls.__dict__.get("name"), str):
+            cls.device_type = cls.__dict__["name"]
 
     @classmethod
     @abstractmethod

@@ -161,9 +161,9 @@ class HorovodCollective(Collective):
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """The CPU always; CUDA only where Horovod was built with GPU
         operations."""
-        if accelerator.name == "cpu":
+        if accelerator.device_type == "cpu":
             return
-        if accelerator.name == "cuda":
+        if accelerator.device_type == "cuda":
             if not hvd().nccl_built() and not hvd().cuda_built():
                 raise MisconfigurationError(
                     "collective 'horovod' with accelerator 'cuda': this horovod was built without GPU "

@@ -230,10 +230,11 @@ class MPICollective(Collective):
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """CPU tensors only: MPI is not assumed to be CUDA-aware."""
-        if accelerator.name != "cpu":
+        if accelerator.device_type != "cpu":
             raise MisconfigurationError(
                 f"collective 'mpi' moves CPU tensors, and accelerator {accelerator.name!r} puts them on "
-                f"{accelerator.name} devices; use accelerator='cpu', or collective='torch' (nccl on GPUs)"
+                f"{accelerator.device_type} devices; use accelerator='cpu', or collective='torch' (nccl "
+                "on GPUs)"
             )
 
     def check_launcher(self, launcher: Launcher, environment: ClusterEnvironment) -> None:

@@ -47,12 +47,17 @@ def check_backend(name: str) -> str:
     return backend
 
 
+#: Device types torch itself has (``torch.device(...).type``).
+_TORCH_DEVICE_TYPES = frozenset({"cpu", "cuda", "mps", "xla", "xpu", "hpu", "meta", "mtia", "privateuseone"})
+
+
 def check_backend_moves(backend: str, accelerator: Accelerator) -> None:
     """Refuse ``backend`` (in lower case) unless this torch has it and it
     moves the tensors of ``accelerator``'s devices (nccl moves CUDA tensors
     only)."""
     device = _DEVICE_ONLY.get(backend)
-    if device is not None and accelerator.name != device:
+    device_type = accelerator.device_type
+    if device is not None and device_type != device:
         raise MisconfigurationError(
             f"collective 'torch' with backend={backend!r} and accelerator {accelerator.name!r}: "
             f"{backend} moves {device} tensors only; use backend='gloo' (the default for "
@@ -63,8 +68,8 @@ def check_backend_moves(backend: str, accelerator: Accelerator) -> None:
     # a backend a plugin registered without saying is taken at its word.
     capability = getattr(dist.Backend, "backend_capability", {})
     moves = capability.get(backend)
-    if moves and accelerator.name not in moves:
-        others = [b for b, m in capability.items() if accelerator.name in m and b != "fake"]
+    if moves and device_type not in moves:
+        others = [b for b, m in capability.items() if device_type in m and b != "fake"]
         cure = (
             f"use backend={others[0]!r}, which does"
             if others
@@ -72,9 +77,16 @@ def check_backend_moves(backend: str, accelerator: Accelerator) -> None:
             f"{accelerator.name!r}: train on accelerator='cpu' (or 'cuda'), or use strategy "
             "'single_device' for one device"
         )
+        if device_type == accelerator.name and device_type not in _TORCH_DEVICE_TYPES:
+            cure += (
+                f". If the devices of {accelerator.name!r} are of a type torch knows (its get_device "
+                "gives torch.device('cpu'), say), set device_type to it in the accelerator's class "
+                "(device_type = 'cpu'): the name stands for it where the class does not say"
+            )
         raise MisconfigurationError(
-            f"collective 'torch' with backend={backend!r} and accelerator {accelerator.name!r}: "
-            f"torch.distributed's {backend} moves {' and '.join(moves)} tensors only; {cure}"
+            f"collective 'torch' with backend={backend!r} and accelerator {accelerator.name!r} (devices of "
+            f"type {device_type!r}): torch.distributed's {backend} moves {' and '.join(moves)} tensors "
+            f"only; {cure}"
         )
 
 

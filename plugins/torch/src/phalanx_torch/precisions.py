@@ -18,7 +18,7 @@ __all__ = ["DoublePrecision", "FullPrecision", "HalfPrecision", "MixedPrecision"
 
 
 def _device_type(precision: Precision) -> str:
-    return getattr(precision.accelerator, "name", "cpu")
+    return getattr(precision.accelerator, "device_type", "cpu")
 
 
 @contextlib.contextmanager
