@@ -408,14 +408,26 @@ class TwoHosts:
 @pytest.fixture(scope="class")
 def two_hosts() -> Iterator[TwoHosts]:
     """A head on node0 and a worker node on node1, one CPU each."""
+    yield from ray_hosts(2)
+
+
+@pytest.fixture
+def three_hosts() -> Iterator[TwoHosts]:
+    """A head on node0 and worker nodes on node1 and node2, one CPU each."""
+    yield from ray_hosts(3)
+
+
+def ray_hosts(count: int) -> Iterator[TwoHosts]:
+    """A head on node0 and a worker node on each other host of a test bed
+    of ``count``, one CPU each; every node stopped by pid after."""
     if (why := missing()) is not None:
-        pytest.fail(f"two Ray nodes on two hosts need network namespaces: {why}")
-    temp = Path(tempfile.mkdtemp(prefix="phx-ray-"))  # both nodes' files: one machine
-    bed = TestBed(2)
+        pytest.fail(f"Ray nodes on several hosts need network namespaces: {why}")
+    temp = Path(tempfile.mkdtemp(prefix="phx-ray-"))  # every node's files: one machine
+    bed = TestBed(count)
     nodes: list[RayNode] = []
     try:
         bed.open()
-        node0, node1 = bed.hosts
+        node0 = bed.hosts[0]
         address = f"{node0.address}:{BED_PORT}"
         # --node-ip-address on both: a host of the bed has no route out,
         # so Ray's probe of 8.8.8.8 fails and the head falls back to its
@@ -428,8 +440,9 @@ def two_hosts() -> Iterator[TwoHosts]:
             "--node-ip-address", node0.address, "--num-cpus", "1",
         ]  # fmt: skip
         nodes.append(start_node(head_flags, temp=temp, host=node0))
-        worker_flags = ["--address", address, "--node-ip-address", node1.address, "--num-cpus", "1"]
-        nodes.append(start_node(worker_flags, temp=temp, host=node1))
+        for host in bed.hosts[1:]:
+            worker_flags = ["--address", address, "--node-ip-address", host.address, "--num-cpus", "1"]
+            nodes.append(start_node(worker_flags, temp=temp, host=host))
         yield TwoHosts(bed, address)
     finally:
         problems = [problem for node in reversed(nodes) for problem in stop_node(node)]
@@ -483,3 +496,49 @@ class TestTwoHosts:
         )
         assert sorted((marked, rank) for marked, rank, _ in lines) == [("0", "0"), ("1", "1")], done.stdout
         assert sorted(host for *_, host in lines) == ["node0", "node1"], done.stdout
+
+
+class TestALostNode:
+    def test_with_max_restarts_the_job_goes_on_on_the_nodes_left(self, three_hosts, tmp_path):
+        """Three Ray nodes on three hosts, a job of one rank on each of two
+        (``STRICT_SPREAD``) with ``max_restarts=1``: every process of a host
+        that runs a rank, not the head's (its raylet, its workers, its ``ray
+        start``), is killed with SIGKILL mid-training. The launcher places the job
+        anew on the two nodes left, it resumes from its last checkpoint and
+        finishes; nothing of it is left running."""
+        bed = three_hosts.bed
+        options = ["--address", three_hosts.address, "--num-nodes", "2", "--max-restarts", "1"]
+        options += ["--train", str(tmp_path / "checkpoints"), "--placement-timeout", "120"]
+        with Driver(options, env=driver_environment(), host=bed.hosts[0]) as driver:
+            deadline = time.monotonic() + DRIVER_TIMEOUT
+            while not [r for r in rank_steps(driver) if r["step"] >= 6 and r["rank"] == 1]:
+                assert driver.process.poll() is None and time.monotonic() < deadline, driver.describe()
+                time.sleep(0.2)
+            # The host of a rank, not the head's (node0, where the driver
+            # and Ray's control store run): one rank per node, so one of
+            # the two ranks runs elsewhere.
+            hosts = {r["host"] for r in rank_steps(driver)} - {bed.hosts[0].name}
+            assert len(hosts) >= 1, driver.describe()
+            lost = next(h for h in bed.hosts if h.name in hosts)
+            pids = bed.pids(lost)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            assert pids
+            code = driver.end()
+        assert code == 0, driver.describe()
+        (launch,) = driver.records("PHALANX-RESULT")
+        assert [r["restart"] for r in launch["results"]] == [1, 1], driver.describe()
+        assert [r["step"] for r in launch["results"]] == [30, 30], driver.describe()
+        assert all(r["start"] >= 6 for r in launch["results"]), driver.describe()  # resumed, not from 0
+        after = [r for r in rank_steps(driver) if r["restart"] == 1]
+        assert after and all(r["host"] != lost.name for r in after), driver.describe()
+        assert sorted({r["host"] for r in after}) == sorted(h.name for h in bed.hosts if h is not lost)
+        assert launch["results"][0]["weights"] == launch["results"][1]["weights"]
+
+
+def rank_steps(driver: Driver) -> list[dict]:
+    """The ``STEP {...}`` lines the ranks printed, as the driver passed them
+    on (``[rankN]: STEP {...}``)."""
+    found = re.findall(r"^\[rank\d+\]: STEP (\{.*\})$", driver.stdout, re.MULTILINE)
+    return [json.loads(text) for text in found]

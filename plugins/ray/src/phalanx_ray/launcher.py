@@ -374,11 +374,21 @@ class _Job:
             if joins:
                 runtime_env = {}  # the job's, given to ray.init
             self.pg = self._place()
+            from ray.util.scheduling_strategies import (
+                NodeAffinitySchedulingStrategy,
+                PlacementGroupSchedulingStrategy,
+            )
+
             from ._actor import Outbox, Rank
 
-            self.outbox = ray.remote(Outbox).options(num_cpus=0, max_restarts=0).remote()
+            # On the launching process's own node: it lives as long as the
+            # job can, and a lost node takes no output with it (placed by
+            # Ray, it sat on a rank's node, and the restarted ranks' output
+            # went nowhere once that node was lost).
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+            outbox = ray.remote(Outbox).options(num_cpus=0, max_restarts=0, scheduling_strategy=here)
+            self.outbox = outbox.remote()
             rank_actor = ray.remote(Rank)
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             made: list[tuple[int, Any]] = []
             for node in range(launcher.num_nodes):

@@ -2,6 +2,7 @@
 
     python join.py [--address ADDRESS] [--devices N] [--num-nodes N]
                    [--launches N] [--placement-timeout S] [--fail] [--connect-first]
+                   [--train ROOT --max-restarts N]
 
 It resolves ``ddp`` on the CPU with ``launcher="ray"`` (and ``address=``
 where given) and launches ``where`` ``--launches`` times: each rank prints
@@ -15,6 +16,12 @@ After each launch it prints ``PHALANX-RESULT {"results": [...], ...}``
 ``PHALANX-ERROR {"type": ..., "message": ..., ...}``, and it exits 1. Both
 say how long the launch took and whether this process is still connected
 to Ray.
+
+``--train ROOT`` launches ``train`` instead: 30 steps of a small model,
+0.3 s each, a checkpoint every 2 steps in ``ROOT`` (resumed from after a
+restart), each step printed as ``STEP {"rank": ..., "host": ..., "step":
+..., "restart": ..., "world": ...}``; with ``--max-restarts N`` the job
+survives N failures (a rank's node lost, say).
 
 ``--connect-first`` calls ``ray.init(address=...)`` before launching, as a
 program that uses Ray itself does, and resolves without ``address=`` (the
@@ -64,6 +71,35 @@ def fail(strategy):
     time.sleep(3600)
 
 
+def train(strategy, root):
+    import torch
+    from torch import nn
+
+    from phalanx_core import CheckpointDirectory
+
+    torch.manual_seed(0)
+    model, optimizer = strategy.setup(nn.Linear(3, 1), lambda p: torch.optim.SGD(p, lr=0.1))
+    checkpoints = CheckpointDirectory(root, keep=2)
+    state = {"model": model, "optimizer": optimizer}
+    step = start = strategy.resume(checkpoints, state)
+    x = torch.ones(4, 3)
+    while step < 30:
+        step += 1
+        optimizer.zero_grad()
+        strategy.backward(model(x).pow(2).mean())
+        strategy.optimizer_step(optimizer)
+        if step % 2 == 0:
+            checkpoints.save(strategy, step, state)
+        where = {"rank": strategy.global_rank, "host": socket.gethostname(), "step": step}
+        print(
+            f"STEP {json.dumps({**where, 'restart': strategy.restart_count, 'world': strategy.world_size})}"
+        )
+        sys.stdout.flush()
+        time.sleep(0.3)
+    weights = [p.detach().flatten().tolist() for p in model.parameters()]
+    return {"restart": strategy.restart_count, "start": start, "step": step, "weights": weights}
+
+
 def report(marker: str, started: float, **values) -> None:
     import ray
 
@@ -80,6 +116,8 @@ def main() -> int:
     parser.add_argument("--placement-timeout", type=float, default=60.0)
     parser.add_argument("--fail", action="store_true")
     parser.add_argument("--connect-first", action="store_true")
+    parser.add_argument("--train")
+    parser.add_argument("--max-restarts", type=int, default=0)
     args = parser.parse_args()
     if args.connect_first:
         import ray
@@ -90,13 +128,16 @@ def main() -> int:
     options = {"address": args.address} if args.address and not args.connect_first else {}
     strategy = phalanx.resolve(
         "ddp", accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, launcher="ray",
-        placement_timeout=args.placement_timeout, **options,
+        placement_timeout=args.placement_timeout, max_restarts=args.max_restarts, **options,
     )  # fmt: skip
     code = 0
     for _ in range(args.launches):
         started = time.monotonic()
         try:
-            results = strategy.launch(fail if args.fail else where)
+            if args.train:
+                results = strategy.launch(train, args.train)
+            else:
+                results = strategy.launch(fail if args.fail else where)
         except PhalanxError as exc:
             fields = {k: getattr(exc, k, None) for k in ("rank", "node", "host", "traceback")}
             report("PHALANX-ERROR", started, type=type(exc).__name__, message=str(exc), **fields)
