@@ -294,3 +294,35 @@ def test_auto_in_a_notebook_picks_a_strategy_whose_launcher_works_there():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split() == ["ddp_notebook", "fork"], out.stderr
+
+
+def test_a_stray_plugin_giving_the_same_names_takes_no_default_away(phalanx_distribution):
+    """Issue 31, item 2: another plugin gives a collective 'torch' and a
+    launcher 'subprocess'. A strategy's defaults come from the plugin that gave the
+    strategy ('ddp' meant phalanx-torch's own parts); a name the user types
+    stays ambiguous, and is refused naming both."""
+    phalanx_distribution(
+        "phalanx-stray",
+        entry_points={"stray": "phalanx_stray"},
+        modules={
+            "phalanx_stray": (
+                "from phalanx_core import CollectiveSpec, LauncherSpec, hookimpl\n"
+                "@hookimpl\n"
+                "def phalanx_collectives():\n"
+                "    return [CollectiveSpec(name='torch', target='phalanx_stray.impl:C')]\n"
+                "@hookimpl\n"
+                "def phalanx_launchers():\n"
+                "    return [LauncherSpec(name='subprocess', target='phalanx_stray.impl:L')]\n"
+            )
+        },
+    )
+    registry = phalanx.Registry()
+    plan = registry.plan("ddp", accelerator="cpu", devices=2)
+    parts = {c.kind: (c.name, c.provider.distribution) for c in (plan.collective, plan.launcher)}
+    assert parts == {"collective": ("torch", "phalanx-torch"), "launcher": ("subprocess", "phalanx-torch")}, (
+        plan.explain()
+    )
+    assert "the strategy's default" in plan.explain()
+    with pytest.raises(phalanx.PluginError, match=r"collective 'torch' is given by 2 plugins.*phalanx-stray"):
+        registry.plan("ddp", accelerator="cpu", devices=2, collective="torch")
+    assert registry.plan("ddp", accelerator="cpu", devices=2, collective="phalanx-torch:torch")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,7 @@ from phalanx_core import (
     PhalanxError,
     Strategy,
     UnavailableError,
+    UnknownNameError,
 )
 from phalanx_core.specs import CollectiveSpec, Kind, LauncherSpec, StrategySpec
 
@@ -60,6 +62,27 @@ def _named(registry: Catalog, kind: Kind, value: Any, reason: str) -> Choice:
         return Choice(kind, name, "an instance you passed", instance=value)
     entry = registry.get(kind, str(value))
     return Choice(kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
+
+
+def _default_entry(registry: Catalog, kind: Kind, name: str, owner: Choice | Entry | None) -> Entry:
+    """The entry of a part a spec names as its default (a strategy's
+    collective, launcher or environment; a composed collective's parts):
+    looked up in the distribution of the plugin that gave the spec first,
+    which meant its own part, so that another installed plugin giving the
+    same name takes no default away. Where that distribution has none, the
+    name as any plugin gives it (and refused as ambiguous as ever). A name
+    the user types is never looked up this way."""
+    provider = owner.provider if owner is not None else None
+    if ":" not in name and provider is not None and provider.distribution:
+        with contextlib.suppress(UnknownNameError):
+            return registry.get(kind, f"{provider.distribution}:{name}")
+    return registry.get(kind, name)
+
+
+def _default(registry: Catalog, kind: Kind, name: Any, owner: Choice | Entry, reason: str) -> Choice:
+    if not isinstance(name, str):
+        return _named(registry, kind, name, reason)
+    return _choice(_default_entry(registry, kind, name, owner), reason)
 
 
 def _qualified_entry(entry: Entry) -> str:
@@ -206,7 +229,9 @@ def _detect_environment(registry: Catalog) -> Choice:
     )
 
 
-def _launchers_environment(registry: Catalog, launcher: Any, detected: Choice) -> Choice:
+def _launchers_environment(
+    registry: Catalog, launcher: Any, detected: Choice, *, owner: Choice | None = None
+) -> Choice:
     """The environment the chosen launcher's ranks run in, where its spec
     names one (``ray``), instead of the one detected; unless what was
     detected already started the processes (a scheduler's ranks, or this
@@ -214,9 +239,10 @@ def _launchers_environment(registry: Catalog, launcher: Any, detected: Choice) -
     if not isinstance(launcher, str):
         return detected
     try:
-        spec = registry.get(Kind.LAUNCHER, launcher).spec
+        entry = _default_entry(registry, Kind.LAUNCHER, launcher, owner)
     except PhalanxError:
         return detected  # unknown: _pick_launcher says so
+    spec = entry.spec
     brought = spec.environment if isinstance(spec, LauncherSpec) else None
     if brought is None or detected.name == brought:
         return detected
@@ -225,7 +251,8 @@ def _launchers_environment(registry: Catalog, launcher: Any, detected: Choice) -
         env_class = registry.get(Kind.ENVIRONMENT, _qualified(detected)).load()
     if getattr(env_class, "creates_processes_externally", False):
         return detected  # _pick_launcher refuses a launcher that makes processes there
-    return _named(registry, Kind.ENVIRONMENT, brought, f"where launcher {spec.name!r} runs its ranks")
+    reason = f"where launcher {spec.name!r} runs its ranks"
+    return _default(registry, Kind.ENVIRONMENT, brought, entry, reason)
 
 
 def _qualified(choice: Choice) -> str:
@@ -239,7 +266,9 @@ def _launcher_spec(choice: Choice) -> LauncherSpec | None:
     return choice.spec if isinstance(choice.spec, LauncherSpec) else None
 
 
-def _pick_launcher(registry: Catalog, flag: Any, default: str, environment: Choice) -> Choice:
+def _pick_launcher(
+    registry: Catalog, flag: Any, default: str, environment: Choice, strategy: Choice
+) -> Choice:
     env_class = type(environment.instance) if environment.instance is not None else None
     if env_class is None and environment.spec is not None:
         env_class = registry.get(Kind.ENVIRONMENT, _qualified(environment)).load()
@@ -271,7 +300,7 @@ def _pick_launcher(registry: Catalog, flag: Any, default: str, environment: Choi
             f"{environment.name!r} already started one process per rank; drop launcher= (the "
             "processes that exist are used), or pass environment='local' to start them yourself"
         )
-    entry = registry.get(Kind.LAUNCHER, default)
+    entry = _default_entry(registry, Kind.LAUNCHER, default, strategy)
     if external and isinstance(entry.spec, LauncherSpec) and entry.spec.creates_processes:
         passive = sorted(
             (
@@ -353,10 +382,15 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
     if flags["environment"] is not None:
         environment = _named(registry, Kind.ENVIRONMENT, flags["environment"], "asked for")
     elif spec.environment is not None:
-        environment = _named(registry, Kind.ENVIRONMENT, spec.environment, "the strategy's default")
+        default = "the strategy's default"
+        environment = _default(registry, Kind.ENVIRONMENT, spec.environment, strategy, default)
     else:
+        launcher_flag = flags["launcher"]
         environment = _launchers_environment(
-            registry, flags["launcher"] or spec.launcher, _detect_environment(registry)
+            registry,
+            launcher_flag if launcher_flag is not None else spec.launcher,
+            _detect_environment(registry),
+            owner=None if launcher_flag is not None else strategy,
         )
     precision_flag = flags["precision"]
     if isinstance(precision_flag, int) and not isinstance(precision_flag, bool):
@@ -365,8 +399,8 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
     if flags["collective"] is not None:
         collective = _named(registry, Kind.COLLECTIVE, flags["collective"], "asked for")
     else:
-        collective = _named(registry, Kind.COLLECTIVE, spec.collective, "the strategy's default")
-    launcher = _pick_launcher(registry, flags["launcher"], spec.launcher, environment)
+        collective = _default(registry, Kind.COLLECTIVE, spec.collective, strategy, "the strategy's default")
+    launcher = _pick_launcher(registry, flags["launcher"], spec.launcher, environment, strategy)
     if _is_interactive():
         lspec = _launcher_spec(launcher)
         if lspec is not None and not lspec.interactive and _spawn_bootstrapping():
@@ -417,6 +451,10 @@ def _composition(registry: Catalog, collective: Choice, options: Mapping[str, An
     for role, default in spec.parts.items():
         name = options.get(role, default)
         if isinstance(name, str):
-            part = _named(registry, Kind.COLLECTIVE, name, f"{role} of {collective.name!r}")
+            reason = f"{role} of {collective.name!r}"
+            if role in options:  # the user's name
+                part = _named(registry, Kind.COLLECTIVE, name, reason)
+            else:
+                part = _default(registry, Kind.COLLECTIVE, name, collective, reason)
             chosen.append(dataclasses.replace(part, name=f"{role}: {part.name}"))
     return tuple(chosen)
