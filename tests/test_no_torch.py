@@ -70,3 +70,43 @@ def test_the_console_script_runs_list():
     names = {(p["kind"], p["name"]) for p in data["parts"]}
     assert ("strategy", "single_device") in names
     assert any(p["name"] == "torch" and p["status"] == "loaded" for p in data["plugins"])
+
+
+#: What listing needs none of: the interfaces, the strategy, the checkpoint
+#: and launching code, and the standard modules behind them (issue 31, item
+#: 9: `import phalanx` pulled zipfile, email, hashlib and concurrent.futures
+#: in through the checkpoint code).
+HEAVY = (
+    "phalanx_core.strategy",
+    "phalanx_core.checkpoint",
+    "phalanx_core.saving",
+    "phalanx_core.collective",
+    "phalanx_core.launching",
+    "phalanx._build",
+    "phalanx._resolve",
+    "zipfile",
+    "concurrent.futures",
+    "hashlib",
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "allowed"),
+    [
+        ("import phalanx", ()),
+        # Reading the entry points: importlib.metadata opens zipfile itself.
+        ("import phalanx; phalanx.Registry()", ("zipfile",)),
+        ("import io; from phalanx.cli import main; assert main(['list'], io.StringIO()) == 0", ("zipfile",)),
+    ],
+    ids=["import", "registry", "list"],
+)
+def test_listing_loads_only_what_it_uses(body, allowed):
+    code = f"import json, sys\n{body}\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if m not in allowed] == [], loaded
+    from phalanx_core import Strategy  # the lazy names still import as before
+
+    assert Strategy.__module__ == "phalanx_core.strategy"

@@ -1,27 +1,9 @@
 """phalanx-core: the interfaces, hook specs, specs and errors every phalanx
 plugin is written against. Depends on pluggy only; imports no backend."""
 
-from .accelerator import Accelerator, Availability, DevicesFlag, parse_device_indices
-from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
-from .checkpoint_directory import CheckpointDirectory
-from .collective import (
-    DEFAULT_TIMEOUT,
-    OPERATIONS,
-    REDUCE_OPS,
-    Collective,
-    CompletedWork,
-    NonMember,
-    Work,
-    check_into,
-    check_one_per_rank,
-    check_rank,
-    check_reduce_op,
-    check_scatter_list,
-    plan_mismatch,
-    poll,
-    timed_out,
-)
-from .environment import ClusterEnvironment
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CheckpointSaveError,
     CollectiveConnectionError,
@@ -37,9 +19,6 @@ from .errors import (
     WorkerFailedError,
 )
 from .hookspecs import PROJECT, hookimpl
-from .launcher import Launcher
-from .precision import Precision
-from .saving import SaveHandle
 from .specs import (
     AcceleratorSpec,
     CollectiveSpec,
@@ -50,7 +29,85 @@ from .specs import (
     Spec,
     StrategySpec,
 )
-from .strategy import Strategy, teardown_kept_ranks
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator, Availability, DevicesFlag, parse_device_indices
+    from .checkpoint import CheckpointIO, TorchCheckpointIO, check_module_keys
+    from .checkpoint_directory import CheckpointDirectory
+    from .collective import (
+        DEFAULT_TIMEOUT,
+        OPERATIONS,
+        REDUCE_OPS,
+        Collective,
+        CompletedWork,
+        NonMember,
+        Work,
+        check_into,
+        check_one_per_rank,
+        check_rank,
+        check_reduce_op,
+        check_scatter_list,
+        plan_mismatch,
+        poll,
+        timed_out,
+    )
+    from .environment import ClusterEnvironment
+    from .launcher import Launcher
+    from .precision import Precision
+    from .saving import SaveHandle
+    from .strategy import Strategy, teardown_kept_ranks
+
+#: Where each name that is imported on first use lives. Importing
+#: ``phalanx_core`` (which every plugin's entry module does, and ``phalanx
+#: list`` does for every plugin) loads only the errors, the specs and the
+#: hook specs; the interfaces, the strategy and the checkpoint code (with
+#: ``zipfile``, ``hashlib`` and ``concurrent.futures`` behind them) load
+#: when a name of theirs is first used.
+_LAZY = {
+    "Accelerator": "accelerator",
+    "Availability": "accelerator",
+    "DevicesFlag": "accelerator",
+    "parse_device_indices": "accelerator",
+    "CheckpointIO": "checkpoint",
+    "TorchCheckpointIO": "checkpoint",
+    "check_module_keys": "checkpoint",
+    "CheckpointDirectory": "checkpoint_directory",
+    "DEFAULT_TIMEOUT": "collective",
+    "OPERATIONS": "collective",
+    "REDUCE_OPS": "collective",
+    "Collective": "collective",
+    "CompletedWork": "collective",
+    "NonMember": "collective",
+    "Work": "collective",
+    "check_into": "collective",
+    "check_one_per_rank": "collective",
+    "check_rank": "collective",
+    "check_reduce_op": "collective",
+    "check_scatter_list": "collective",
+    "plan_mismatch": "collective",
+    "poll": "collective",
+    "timed_out": "collective",
+    "ClusterEnvironment": "environment",
+    "Launcher": "launcher",
+    "Precision": "precision",
+    "SaveHandle": "saving",
+    "Strategy": "strategy",
+    "teardown_kept_ranks": "strategy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -7,8 +7,10 @@ import re
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 __all__ = ["GROUP", "PluginRecord", "Provider", "normalize", "plugin_filters", "select_entry_points"]
 
@@ -93,6 +95,8 @@ def select_entry_points(
     """Yield ``(entry point, provider, why disabled or None)`` for every
     entry point of the group, once each."""
     seen: set[tuple[str, str, str | None]] = set()
+    from importlib import metadata  # loaded by Registry(), not by `import phalanx`
+
     for ep in metadata.entry_points(group=GROUP):
         dist = ep.dist
         dist_name = version = None

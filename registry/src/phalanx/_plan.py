@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from phalanx_core.accelerator import DevicesFlag
 from phalanx_core.specs import Kind, Spec, StrategySpec
 
 from ._discovery import Provider
+
+if TYPE_CHECKING:
+    from phalanx_core.accelerator import DevicesFlag
 
 __all__ = ["Choice", "Plan"]
 

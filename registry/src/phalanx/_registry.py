@@ -15,7 +15,6 @@ from phalanx_core.errors import MisconfigurationError, PluginError, UnknownNameE
 from phalanx_core.hookspecs import HOOKS, PROJECT
 from phalanx_core.specs import SPEC_TYPES, Kind, Spec
 
-from ._build import build as _build
 from ._discovery import (
     ALLOW_VAR,
     DEBUG_VAR,
@@ -28,7 +27,6 @@ from ._discovery import (
 )
 from ._entry import RUNTIME, Entry
 from ._plan import Plan
-from ._resolve import plan as _plan
 
 if TYPE_CHECKING:
     from phalanx_core import Strategy
@@ -328,11 +326,15 @@ class Registry:
             "plugins": plugins,
             "options": options,
         }
-        return _plan(self, flags)
+        from ._resolve import plan  # what resolving needs loads here, not at `import phalanx`
+
+        return plan(self, flags)
 
     def build(self, plan: Plan) -> Strategy:
         """Import the plan's targets and construct its parts, in order."""
-        return _build(self, plan)
+        from ._build import build
+
+        return build(self, plan)
 
     def resolve(self, strategy: Any = "auto", **flags: Any) -> Strategy:
         """``self.build(self.plan(strategy, **flags))``: a name to a

@@ -20,12 +20,9 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from phalanx_core.errors import PhalanxError, WorkerFailedError
-from phalanx_core.hangs import HANG_REPORT_VAR
-from phalanx_core.launching import exit_process
 from phalanx_core.specs import Kind
 
 from ._entry import Entry
-from ._flags import RUN_FLAGS_VAR
 from ._registry import Registry
 
 __all__ = ["main"]
@@ -307,6 +304,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         _give_option(options, "max_restarts", args.max_restarts, f"--max-restarts {args.max_restarts}")
     if options:
         given["options"] = options
+    from phalanx_core.hangs import HANG_REPORT_VAR  # `phalanx run` only: `phalanx list` stays light
+
+    from ._flags import RUN_FLAGS_VAR
+
     _node_variables(args)
     if args.hang_report is not None:
         os.environ[HANG_REPORT_VAR] = str(args.hang_report)
@@ -470,6 +471,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         # The program itself (the console script, python -m phalanx), not a
         # caller: end without the interpreter's finalization, in which
         # tearing torch's modules down takes 0.3-0.8 s (see exit_process).
+        from phalanx_core.launching import exit_process
+
         exit_process(code)
     return code
 
