@@ -8,6 +8,7 @@ import json
 import pytest
 
 import phalanx
+import phalanx.cli
 from phalanx.cli import main
 
 
@@ -255,3 +256,35 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     stderr = process.stderr.read()
     assert process.wait(timeout=60) == 141
     assert "Traceback" not in stderr, stderr
+
+
+def test_list_points_out_a_plugin_whose_entry_module_is_slow_to_import(phalanx_distribution):
+    """Issue 31, item 8: every `phalanx list` and `resolve()` imports every
+    plugin's entry module, so one that imports a heavy backend at its top
+    slows them all; `phalanx list` names it, with the rule and the way to
+    skip it."""
+    phalanx_distribution(
+        "phalanx-slow",
+        entry_points={"slow": "phalanx_slow"},
+        modules={
+            "phalanx_slow": (
+                "import time\n"
+                "from phalanx_core import CollectiveSpec, hookimpl\n"
+                "time.sleep(0.6)  # a heavy backend imported at the top\n"
+                "@hookimpl\n"
+                "def phalanx_collectives():\n"
+                "    return [CollectiveSpec(name='slowcoll', target='phalanx_slow.impl:C')]\n"
+            )
+        },
+    )
+    registry = phalanx.Registry()  # the first import of the entry module, timed
+    [record] = [p for p in registry.plugins if p.provider.plugin == "slow"]
+    assert record.import_seconds >= 0.6 and record.to_dict()["import_seconds"] == record.import_seconds
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(phalanx.cli, "Registry", lambda: registry)
+        assert phalanx.cli.main(["list"], out) == 0
+    slow = [line for line in out.getvalue().splitlines() if line.startswith("slow: ")]
+    assert len(slow) == 1, out.getvalue()  # the in-repo plugins' entry modules are light
+    assert "'slow' (phalanx-slow 0.1.0): its entry module 'phalanx_slow' took" in slow[0]
+    assert "PHALANX_DISABLE_PLUGINS=slow skips it" in slow[0]

@@ -55,6 +55,8 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     error: str | None = None
     traceback: str | None = None
+    #: Seconds its entry module took to import (None: not imported).
+    import_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class PluginRecord:
             "hooks": list(self.hooks),
             "error": self.error,
             "traceback": self.traceback,
+            "import_seconds": self.import_seconds,
         }
 
     def fail(self, error: str, exc: BaseException | None = None) -> None:

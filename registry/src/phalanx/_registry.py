@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,7 @@ class Registry:
                 self._pm.set_blocked(ep.name)
                 continue
             self._trace(f"loading {provider}: {ep.value}")
+            started = time.perf_counter()
             try:
                 module = ep.load()
             except BaseException as exc:
@@ -87,6 +89,8 @@ class Registry:
                     raise
                 record.fail(f"importing {ep.value!r} raised {type(exc).__name__}: {exc}", exc)
                 continue
+            finally:
+                record.import_seconds = time.perf_counter() - started
             self._add(module, record)
         installed = ", ".join(str(p.provider) for p in self.plugins) or "none"
         for var, names in ((ALLOW_VAR, allow or set()), (DENY_VAR, deny)):

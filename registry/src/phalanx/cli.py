@@ -66,6 +66,10 @@ def _available_cell(entry: Entry, ok: bool, why: str, probe: bool) -> str:
     return "yes"
 
 
+#: Seconds of an entry module's import that ``phalanx list`` points out.
+SLOW_IMPORT = 0.5
+
+
 def _list(args: argparse.Namespace, out: TextIO) -> int:
     registry = Registry()
     kinds = [Kind(args.kind)] if args.kind else list(Kind)
@@ -126,6 +130,15 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
         hooks = ", ".join(h.removeprefix("phalanx_") for h in p.hooks) or "-"
         rows.append((p.provider.plugin, dist, p.status, hooks))
     _table(rows, out)
+    for p in registry.plugins:
+        if (p.import_seconds or 0.0) >= SLOW_IMPORT:
+            print(
+                f"\nslow: {p.provider}: its entry module {p.value!r} took {p.import_seconds:.1f} s to "
+                "import, and every `phalanx list` and `resolve()` imports it. An entry module should "
+                "import phalanx_core and give specs only, its backend imported by the parts' targets "
+                f"when used (see 'Publish a plugin'); PHALANX_DISABLE_PLUGINS={p.provider.plugin} skips it",
+                file=out,
+            )
     problems = [p for p in registry.plugins if p.status != "loaded"]
     for p in problems:
         print(f"\n{p.status}: {p.provider}: {p.error}", file=out)

@@ -381,11 +381,13 @@ class _Job:
 
             from ._actor import Outbox, Rank
 
-            # On the launching process's own node: it lives as long as the
-            # job can, and a lost node takes no output with it (placed by
-            # Ray, it sat on a rank's node, and the restarted ranks' output
-            # went nowhere once that node was lost).
-            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+            # On the launching process's own node, strictly: it lives as
+            # long as the job can, and a lost node takes no output with it.
+            # Placed by Ray (or with a soft affinity, which Ray may pass
+            # over), it could land on a rank's node, or, after a restart, on
+            # a node just lost that Ray had not marked dead yet: the
+            # restarted ranks' output then went nowhere.
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
             outbox = ray.remote(Outbox).options(num_cpus=0, max_restarts=0, scheduling_strategy=here)
             self.outbox = outbox.remote()
             rank_actor = ray.remote(Rank)
