@@ -88,7 +88,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +95,7 @@ from startup import child_env
 
 from phalanx_core.testing.hosts import TestBed, missing
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
+from phalanx_core.testing.samples import sample_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "elastic_bench_job.py"
@@ -295,51 +295,12 @@ def steps_lost(out: Path) -> list[int]:
     return [max(0, rounds[a]["last"] - b[1]) for a, b in itertools.pairwise(rounds)]
 
 
-def trained(out: Path) -> dict[int, Counter]:
-    """``test_elastic.trained``: every sample each epoch trained on, over
-    every rank's log; a round's steps after the step the next round resumed
-    from were lost with it and do not count."""
-    lines = []
-    for log in out.glob("seen-*.txt"):
-        for line in log.read_text().splitlines():
-            restarts, resumed, _world, epoch, step, *indices = map(int, line.split())
-            lines.append(((restarts, resumed), epoch, step, indices))
-    rounds = sorted({key for key, *_ in lines})
-    following = dict(itertools.pairwise(rounds))
-    counts: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
-    for key, epoch, step, indices in lines:
-        if key in following and step > following[key][1]:
-            continue
-        counts[epoch].update(indices)
-    return counts
-
-
 def every_sample(out: Path, samples: int) -> str | None:
-    """``test_elastic.assert_every_sample_once`` as a finding: ``None`` when
-    every sample of each epoch was trained exactly once (but for the
-    padding repeats of rounds that took an epoch over on another world
-    size: at most ``world - 1`` each), else what is wrong."""
-    counts = trained(out)
-    first: dict[Round, tuple[int, int]] = {}  # round -> (its first epoch, world)
-    for log in out.glob("seen-*.txt"):
-        for line in log.read_text().splitlines():
-            restarts, resumed, world, epoch = map(int, line.split()[:4])
-            key = (restarts, resumed)
-            first[key] = min(first.get(key, (epoch, world)), (epoch, world))
-    changed: dict[int, list[int]] = {}
-    for before, after in itertools.pairwise(sorted(first)):
-        if first[after][1] != first[before][1]:
-            changed.setdefault(first[after][0], []).append(first[after][1])
-    for epoch, seen in counts.items():
-        missing_ = sorted(set(range(samples)) - set(seen))
-        if missing_:
-            return f"epoch {epoch}: {len(missing_)} samples never trained ({missing_[:10]}...)"
-        repeats = sum(n - 1 for n in seen.values())
-        allowed = sum(world - 1 for world in changed.get(epoch, []))
-        if repeats > allowed:
-            repeated = [i for i, n in seen.items() if n > 1]
-            return f"epoch {epoch}: {repeats} repeats, {allowed} allowed ({repeated})"
-    return None
+    """``None`` when every sample of each epoch was trained on exactly once
+    (but for the padding repeats of rounds that took an epoch over on
+    another world size), else what is wrong: the test's own check
+    (:func:`phalanx_core.testing.samples.sample_finding`)."""
+    return sample_finding(out, samples, EPOCHS)
 
 
 def done_json(out: Path) -> dict[str, Any] | None:

@@ -203,3 +203,22 @@ def test_script_store_hosts_a_loopback_store_unless_the_user_named_another_addre
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     with script_store() as variables:
         assert variables == {}
+
+
+def test_sample_finding_counts_each_sample_once_without_a_lost_rounds_steps(tmp_path):
+    from phalanx_core.testing.samples import sample_finding
+
+    # Round (0, 0) on 2 ranks trained steps 1-3 of epoch 0, then was lost;
+    # round (1, 2) on 3 ranks resumed from step 2's checkpoint: step 3 of
+    # the first round was lost with it and does not count.
+    (tmp_path / "seen-a-0.txt").write_text("0 0 2 0 1 0\n0 0 2 0 2 2\n0 0 2 0 3 4\n")
+    (tmp_path / "seen-a-1.txt").write_text("0 0 2 0 1 1\n0 0 2 0 2 3\n0 0 2 0 3 5\n")
+    (tmp_path / "seen-b-0.txt").write_text("1 2 3 0 3 4 5\n")
+    assert sample_finding(tmp_path, samples=6, epochs=1) is None
+    (tmp_path / "seen-b-0.txt").write_text("1 2 3 0 3 4\n")
+    assert sample_finding(tmp_path, samples=6, epochs=1) == "epoch 0: 1 samples never trained ([5]...)"
+    # A round on another world size may repeat up to world - 1 samples (padding).
+    (tmp_path / "seen-b-0.txt").write_text("1 2 3 0 3 4 5 0\n")
+    assert sample_finding(tmp_path, samples=6, epochs=1) is None
+    (tmp_path / "seen-b-0.txt").write_text("1 2 3 0 3 4 5 0 1 2\n")
+    assert sample_finding(tmp_path, samples=6, epochs=1).startswith("epoch 0: 3 repeats, 2 allowed")

@@ -18,7 +18,6 @@ after ``rendezvous_timeout``, with lines saying what they wait for.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import shutil
@@ -26,12 +25,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap, scheduler_free_environment
+from phalanx_core.testing.samples import sample_finding
 
 JOB = str(Path(__file__).resolve().parent / "elastic_job.py")
 PORT = "29621"
@@ -115,54 +114,13 @@ class Job:
         return last
 
 
-def trained(out: Path) -> dict[int, Counter]:
-    """Every sample each epoch trained on, counted over every rank's log: a
-    round's steps after the step the next round resumed from were lost with
-    it (in no checkpoint), and do not count."""
-    lines = []
-    for log in out.glob("seen-*.txt"):
-        for line in log.read_text().splitlines():
-            restarts, resumed, _world, epoch, step, *indices = map(int, line.split())
-            lines.append(((restarts, resumed), epoch, step, indices))
-    rounds = sorted({key for key, *_ in lines})
-    following = dict(itertools.pairwise(rounds))
-    counts: dict[int, Counter] = {e: Counter() for e in range(EPOCHS)}
-    for key, epoch, step, indices in lines:
-        if key in following and step > following[key][1]:
-            continue
-        counts[epoch].update(indices)
-    return counts
-
-
 def assert_every_sample_once(out: Path) -> None:
     """Every sample of every epoch trained on exactly once, but for the
     repeats ``DistributedSampler`` adds (as the loader documents) where a
     round on another number of ranks took over the rest of an epoch that
     does not split evenly over them: at most ``ranks - 1`` per such round."""
-    counts = trained(out)
-    changed = rounds_taking_over(out)
-    for epoch, seen in counts.items():
-        assert sorted(seen) == list(range(SAMPLES)), (epoch, sorted(seen))
-        repeats = sum(n - 1 for n in seen.values())
-        allowed = sum(world - 1 for world in changed.get(epoch, []))
-        assert repeats <= allowed, (epoch, [i for i, n in seen.items() if n > 1], changed)
-
-
-def rounds_taking_over(out: Path) -> dict[int, list[int]]:
-    """Per epoch, the world sizes of the rounds that took it over from a
-    round of another world size."""
-    first: dict[tuple[int, int], tuple[int, int]] = {}  # round -> (its first epoch, world)
-    for log in out.glob("seen-*.txt"):
-        for line in log.read_text().splitlines():
-            restarts, resumed, world, epoch = map(int, line.split()[:4])
-            key = (restarts, resumed)
-            first[key] = min(first.get(key, (epoch, world)), (epoch, world))
-    found: dict[int, list[int]] = {}
-    ordered = sorted(first)
-    for before, after in itertools.pairwise(ordered):
-        if first[after][1] != first[before][1]:
-            found.setdefault(first[after][0], []).append(first[after][1])
-    return found
+    finding = sample_finding(out, SAMPLES, EPOCHS)
+    assert finding is None, finding
 
 
 def worlds(out: Path) -> list[int]:
