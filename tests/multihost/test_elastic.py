@@ -324,3 +324,27 @@ def test_out_of_restarts_every_node_ends_with_the_rank_that_failed(bed, run_node
             run.describe()
         )
         assert "phalanx run: rank 1 (node 1, host node1) raised first" in run.stderr, run.describe()
+
+
+def test_an_etcd_cluster_that_does_not_answer_is_named_at_once(tmp_path):
+    """``--rendezvous etcd://...`` where no member answers: one clear line
+    naming the members and what to do, not python-etcd's traceback, and
+    nothing left running."""
+    from phalanx_core.testing.processes import run_tagged
+
+    script = tmp_path / "job.py"
+    script.write_text("import phalanx\nphalanx.resolve().launch()\n")
+    command = [
+        sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", "--devices", "1",
+        "--num-nodes", "2", "--node-rank", "0", "--main-address", "127.0.0.1", "--main-port", "29655",
+        "--rendezvous", "etcd://127.0.0.1:1/job", "-o", "rendezvous_timeout=10", str(script),
+    ]  # fmt: skip
+    done = run_tagged(command, timeout=120, cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert (
+        "phalanx run: error: rendezvous in etcd (127.0.0.1:1): no member of the etcd cluster answered"
+        in output
+    )
+    assert "--enable-v2" in output and "--rendezvous c10d" in output, output
+    assert "Traceback" not in output, output

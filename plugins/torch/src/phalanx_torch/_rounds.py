@@ -39,7 +39,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx_core import MisconfigurationError
+from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.launching import hosted_store
 
 __all__ = ["ELASTIC", "RendezvousPlace", "parse_rendezvous"]
@@ -140,12 +140,21 @@ def _etcd_client(place: RendezvousPlace, timeout: float) -> Any:
             "pip install 'phalanx-torch[etcd]' (or python-etcd)"
         ) from None
     # Every member given: the client goes on with another when one is lost.
-    return etcd.Client(
-        host=place.endpoints if len(place.endpoints) > 1 else place.endpoints[0][0],
-        port=place.endpoints[0][1],
-        read_timeout=max(1, int(min(timeout, 30))),
-        allow_reconnect=True,
-    )
+    try:
+        return etcd.Client(
+            host=place.endpoints if len(place.endpoints) > 1 else place.endpoints[0][0],
+            port=place.endpoints[0][1],
+            read_timeout=max(1, int(min(timeout, 30))),
+            allow_reconnect=True,
+        )
+    except (etcd.EtcdException, OSError) as exc:  # no member answered at start
+        members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
+        raise UnavailableError(
+            f"rendezvous in etcd ({place.endpoint}): no member of the etcd cluster answered at "
+            f"{members} ({type(exc).__name__}: {exc}). Start etcd there with its v2 API "
+            "(etcd --enable-v2, as Debian's etcd-server 3.4 needs), check the addresses and ports "
+            "in --rendezvous, or meet on node 0's store instead (--rendezvous c10d)"
+        ) from exc
 
 
 #: How long an etcd operation is tried again while the cluster cannot
