@@ -48,6 +48,12 @@ __all__ = ["ELASTIC", "RendezvousPlace", "parse_rendezvous"]
 #: watch connects to the job's store from then on).
 MET = threading.Event()
 
+#: The job's store key that counts the nodes whose wait for a round timed out.
+_TIMED_OUT_KEY = "phalanx/timed-out"
+#: How long the node that hosts the job's store keeps it up at most after
+#: its own wait for a round timed out, for the other nodes to time out too.
+TIMED_OUT_HOLD = 10.0
+
 #: The name this module's handler is registered under in elastic.
 ELASTIC = "phalanx-elastic"
 
@@ -325,10 +331,7 @@ def _handler_class() -> type:
                 with _unshared_store(), _saying_who_waits(self, self._timeout):
                     info = self._inner.next_rendezvous()
             except RendezvousTimeoutError:
-                if self.hosts_store:
-                    # The others time out a moment later: keep the store up
-                    # until they have, so they say the same, not "node 0 lost".
-                    time.sleep(2.0)
+                self._timed_out()
                 self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
             except RendezvousClosedError:
@@ -352,6 +355,25 @@ def _handler_class() -> type:
             return RendezvousInfo(
                 info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port))
             )
+
+        def _timed_out(self) -> None:
+            """Count this node's timeout in the job's store; on the node that
+            hosts it, wait (at most ``TIMED_OUT_HOLD`` seconds) until every
+            node that joined has timed out too. Each started its wait when
+            it joined, so the others time out a moment later; the store
+            must stay up until they have, or they would say "node 0 lost"
+            instead of the same verdict."""
+            try:
+                self.job_store.add(_TIMED_OUT_KEY, 1)
+                if not self.hosts_store:
+                    return
+                deadline = time.monotonic() + TIMED_OUT_HOLD
+                while self.job_store.add(_TIMED_OUT_KEY, 0) < len(self.joined):
+                    if time.monotonic() >= deadline:
+                        return
+                    time.sleep(0.05)
+            except (RuntimeError, ValueError, OSError):
+                return  # the store is gone: nothing to hold
 
         def _never_met(self) -> Exception:
             from phalanx_core import NodeLostError
