@@ -6,10 +6,10 @@ namespaces (``phalanx_core.testing.hosts``): ``phalanx run`` against
     python bench/restarts_multihost.py --runs 0            # the soak only
     python bench/restarts_multihost.py --soak-kills 0      # the lost host only
 
-The workload is ``bench/elastic_bench_job.py``: ``tests/multihost/elastic_job.py``
+The workload is the multihost tests' ``tests/multihost/elastic_job.py``
 (2 epochs, batch 2 per rank, a pause after each step, a background
-checkpoint every 2 steps, ``strategy.resume``) with a ``time.monotonic()``
-on every step and at each rank's start. Every run makes a test bed of 3
+checkpoint every 2 steps, ``strategy.resume``), which writes a
+``time.monotonic()`` on every step and at each rank's start. Every run makes a test bed of 3
 hosts (node0..node2, 192.168.77.1-3) and removes it at its end.
 
 1. **A lost host**, ``--runs`` times per launcher, interleaved (phalanx
@@ -98,7 +98,7 @@ from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 from phalanx_core.testing.samples import sample_finding
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).resolve().parent / "elastic_bench_job.py"
+JOB = Path(__file__).resolve().parent.parent / "tests" / "multihost" / "elastic_job.py"
 MAIN = "192.168.77.1"  # node0 on the test bed
 PORT = 29631
 EPOCHS = 2
