@@ -19,7 +19,8 @@ differences that make a rank end the way it should:
   writes, flushed between them, leaves in one write when it ends (a tool
   that reads the rank's output as it comes would otherwise mark each
   piece, and another rank's line could come between them); what is left
-  without a line end goes at exit;
+  without a line end goes at exit (so a progress bar that redraws its line
+  with ``\r`` shows once its line ends);
 - a program that raises prints its traceback (from the program's first
   frame) and leaves at once with exit code 1: no thread joined, no
   ``atexit`` handler run. Its peers may be blocked in a collective it will
