@@ -168,11 +168,7 @@ class Job:
 
     def kill_host(self, index: int) -> int:
         """SIGKILL every process of the host; how many there were."""
-        pids = self.bed.pids(self.bed.hosts[index])
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return len(pids)
+        return self.bed.kill_all(self.bed.hosts[index])
 
     def ranks(self) -> list[tuple[str, int]]:
         """(host, pid) of every rank process of ``phalanx run`` running now."""

@@ -17,11 +17,8 @@ after ``rendezvous_timeout``, with lines saying what they wait for.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -73,11 +70,7 @@ class Job:
 
     def kill_host(self, index: int) -> int:
         """SIGKILL every process of the host; how many there were."""
-        pids = self.bed.pids(self.bed.hosts[index])
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return len(pids)
+        return self.bed.kill_all(self.bed.hosts[index])
 
     def wait_for(self, what, seconds: float = 300) -> None:
         deadline = time.monotonic() + seconds

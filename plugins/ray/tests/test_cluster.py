@@ -520,11 +520,7 @@ class TestALostNode:
             hosts = {r["host"] for r in rank_steps(driver)} - {bed.hosts[0].name}
             assert len(hosts) >= 1, driver.describe()
             lost = next(h for h in bed.hosts if h.name in hosts)
-            pids = bed.pids(lost)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            assert pids
+            assert bed.kill_all(lost) > 0
             code = driver.end()
         assert code == 0, driver.describe()
         (launch,) = driver.records("PHALANX-RESULT")

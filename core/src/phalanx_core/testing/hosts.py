@@ -195,6 +195,15 @@ class TestBed:
         done = subprocess.run(command, capture_output=True, text=True, timeout=30)
         return [int(pid) for pid in done.stdout.split()]
 
+    def kill_all(self, host: Host) -> int:
+        """SIGKILL every process of ``host`` at once, as a lost machine
+        would end them; return how many there were."""
+        pids = self.pids(host)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
     def close(self) -> None:
         """Kill what still runs on the hosts; remove the namespaces."""
         for host in self.hosts:
