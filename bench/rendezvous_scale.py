@@ -25,12 +25,12 @@ job's store and nothing else:
   ``_assign_worker_ranks`` on the round's store and ``restarts()``; on a
   failure ``count_failure()`` and a new round. Heartbeats are elastic's
   own timer thread.
-* phalanx's node watch: ``_node_watch.NodeWatch`` itself (its own client,
-  ``PrefixStore("phalanx/failed", ...)``, ``add("posts", 0)`` every
-  ``POLL`` = 0.2 s), where interrupting the node records the time instead
-  of sending SIGTERM. ``--watch push`` runs instead the changes this
-  benchmark recommends: a blocking ``wait`` on the first post's key, on a
-  connection of its own, and posts read only once written.
+* phalanx's node watch: ``_node_watch.NodeWatch`` itself (a blocking
+  ``wait`` for the next post's key on a connection of its own, the causes
+  read apart from the other posts), where interrupting the node records
+  the time instead of sending SIGTERM. ``--watch poll`` runs instead the
+  watch it replaced (``add("posts", 0)`` every ``POLL`` = 0.2 s, every
+  post read), for comparison.
 
 Every client is made up front, one at a time: ``TCPStore``'s constructor
 looks its own address up in the DNS, and this sandbox's resolver stalls
@@ -241,20 +241,20 @@ class CountedStore(dist.Store):
 
 class SimWatch(_NodeWatch):
     """phalanx's node watch, whose interrupt records the time instead of
-    sending SIGTERM to the process (which holds 32 nodes here)."""
-
-    #: ``--watch push``: seconds of one blocking wait.
-    WAIT = 30.0
+    sending SIGTERM to the process (which holds 32 nodes here).
+    ``--watch push`` runs its watch as it is (a blocking wait for the next
+    post); ``--watch poll`` the one it replaced (the count of posts read
+    every ``POLL`` seconds), for comparison."""
 
     def __init__(self, connect: Any, waiter: Any, index: int, num_nodes: int, seen: Any, mode: str) -> None:
         super().__init__(connect, index, num_nodes, hosts_store=False)
-        self.connect_waiter = waiter
+        self.waiter_client = waiter
         self.me = f"sim-{index}"
         self.seen = seen
         self.mode = mode
 
     def start(self) -> None:
-        watch = self._watch if self.mode == "poll" else self._watch_push
+        watch = self._watch if self.mode == "push" else self._watch_poll
         phase = random.uniform(0, self.POLL)  # nodes' polls are not in step
 
         def target() -> None:
@@ -269,45 +269,25 @@ class SimWatch(_NodeWatch):
             if not self._stop.is_set():
                 self.seen(time.monotonic())
 
-    def _posts(self) -> list[tuple[str, RankFailure]]:
-        """``--watch push``: the recommended ``_NodeWatch._posts``, which
-        skips a post not written yet (its ``get`` would wait for it holding
-        the client, and the post may be this node's own, whose ``set`` waits
-        behind it on the same client until the store's timeout)."""
-        if self.mode == "poll":
-            return super()._posts()
-        store = self._connect()
-        found = []
-        for index in range(1, int(store.add("posts", 0)) + 1):
-            key = f"post/{index}"
-            if not store.check([key]):
-                continue  # being written: read next time
-            who, _, text = store.get(key).decode().partition(" ")
-            found.append((who, RankFailure.from_dict(json.loads(text))))
-        return found
+    def _connect_waiter(self) -> Any:
+        return dist.PrefixStore("phalanx/failed", self.waiter_client())
 
-    def _watch_push(self) -> None:
-        """The recommended ``_NodeWatch._watch``: block on the first post's
-        key (the store answers when it is set) instead of polling."""
+    def _watch_poll(self) -> None:
+        """The watch before the push: the count of posts every ``POLL``
+        seconds, and every post read when it grew."""
         while not _rounds.MET.wait(self.POLL):
             if self._stop.is_set():
                 return
         try:
-            # A connection of its own: a blocked wait holds its client, and
-            # settle() must post on the other one meanwhile.
-            waiter = dist.PrefixStore("phalanx/failed", self.connect_waiter())
             store = self._connect()
-            while not self._stop.is_set():
-                try:
-                    waiter.wait(["post/1"], datetime.timedelta(seconds=self.WAIT))
-                except dist.DistStoreError:  # nothing posted within WAIT: wait again
-                    continue
-                posts = self._others()
-                if posts:
-                    self.remote = root_cause(posts)
-                    store.add("done", 1)
-                    self._interrupt()
-                    return
+            while not self._stop.wait(self.POLL):
+                if store.add("posts", 0):
+                    posts = [failure for _, failure in self._read(store, "post")]
+                    if posts:
+                        self.remote = root_cause(posts)
+                        store.add("done", 1)
+                        self._interrupt()
+                        return
         except (RuntimeError, ValueError, OSError):
             return
 
@@ -393,8 +373,8 @@ class SimNode:
 
     def arm(self, rep: int) -> None:
         """A fresh watch, as every launch has."""
-        if self.watch is not None:
-            self.watch._stop.set()
+        if self.watch is not None:  # the launch before is over: its watch leaves
+            self.watch.__exit__(None, None, None)
         self.watch = SimWatch(
             lambda: self.connect(rep),
             lambda: self.connect(rep, waiter=True),
@@ -1311,7 +1291,11 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
     burst = (
         5 * target
     )  # after the post, per node: add, get (2 requests), add("done"), and the poll that saw it
-    cascade_reads = target * (target - 1) / 2  # each settling node reads every post so far
+    push = args.watch == "push"
+    waits = target / _NodeWatch.WAIT
+    # push: each settling node reads the causes (usually one: a count and a
+    # get); poll (the watch before): every post so far.
+    cascade_reads = target * 2 if push else target * (target - 1) / 2
     last_call = max(1, math.ceil(args.last_call))
     print(
         f"\n== {target:,} nodes, by the model: measured per-node rates of the {n}-node run "
@@ -1355,19 +1339,26 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
             f"{us:.1f} us per request + {per_byte * 1e9:.2f} ns per byte (E, this VM)",
         ),
         (
-            "watch: poll load",
-            f"{target / poll:,.0f} adds/s = {100 * target / poll * us / 1e6:.0f} % of a core",
-            "N / 0.2 s, always (push: none while nothing fails)",
+            "watch: while nothing fails",
+            f"{waits:,.0f} waits/s = {100 * waits * us / 1e6:.1f} % of a core"
+            if push
+            else f"{target / poll:,.0f} adds/s = {100 * target / poll * us / 1e6:.0f} % of a core",
+            f"push: one wait per node held open, asked again every {_NodeWatch.WAIT:g} s"
+            if push
+            else "poll: N / 0.2 s, always",
         ),
         (
             "watch: one post to all",
-            f"{poll:.1f} s + {burst / capacity:.2f} s",
-            f"the poll interval + {burst:,} requests at {capacity:,.0f}/s (push: no poll interval)",
+            f"{burst / capacity:.2f} s" if push else f"{poll:.1f} s + {burst / capacity:.2f} s",
+            f"{burst:,} requests at {capacity:,.0f}/s"
+            + (" (push: each wait answered at once)" if push else ", after the poll interval"),
         ),
         (
             "cascade: post reads",
-            f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.0f} s of the store",
-            "every node that settles reads every post so far: N(N-1)/2 gets of 2 requests",
+            f"{cascade_reads:,.0f} gets = {2 * cascade_reads / capacity:,.1f} s of the store",
+            "every node that settles reads the causes (usually one), not every post: 2 N"
+            if push
+            else "every node that settles reads every post so far: N(N-1)/2 gets of 2 requests",
         ),
         (
             "restart after a lost node",
@@ -1418,8 +1409,8 @@ def main() -> None:
     parser.add_argument(
         "--watch",
         choices=("poll", "push"),
-        default="poll",
-        help="poll: _NodeWatch as it is; push: a blocking wait on the first post",
+        default="push",
+        help="push: _NodeWatch as it is (a blocking wait for the next post); poll: the watch it replaced",
     )
     parser.add_argument("--timeout", type=int, default=180, help="rendezvous and phase time limit, s")
     parser.add_argument("--target", type=int, default=TARGET, help="node count to extrapolate to")

@@ -64,7 +64,7 @@ from ._ranks import (
     T,
     _run_here,
 )
-from ._rounds import KEEP_ALIVE, RendezvousPlace, job_store, parse_rendezvous
+from ._rounds import RendezvousPlace, allow_connections, job_store, keep_alive_for, parse_rendezvous
 from ._rounds import register as register_rounds
 
 __all__ = ["SubprocessLauncher"]
@@ -287,6 +287,8 @@ class SubprocessLauncher(Launcher):
             # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
             newer["shutdown_timeout"] = STOP_GRACE
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
+        if self._hosts_store:
+            allow_connections(3 * self.num_nodes)
         rendezvous = self._rendezvous()
         rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(say, who)
         gloo = listen_variables(rendezvous.pop("listen"))
@@ -341,13 +343,12 @@ class SubprocessLauncher(Launcher):
                     "subprocess", [first, *failures], self.world_size, stopped=stopped
                 ) from exc
             except SignalException as exc:
-                if watch.remote is not None:  # another node's rank failed; the agent stopped ours
+                remote = watch.cause()
+                if remote is not None:  # another node's rank failed; the agent stopped ours
                     if prefix_lines:
-                        print_elsewhere(watch.remote)
+                        print_elsewhere(remote)
                     stopped = stopped_words(self.num_nodes)
-                    raise worker_failed(
-                        "subprocess", [watch.remote], self.world_size, stopped=stopped
-                    ) from None
+                    raise worker_failed("subprocess", [remote], self.world_size, stopped=stopped) from None
                 # The agent has stopped every rank. SIGINT ends this process
                 # as Ctrl-C does; any other signal as its default action
                 # would, with the status a shell shows for it (143 for
@@ -448,7 +449,7 @@ class SubprocessLauncher(Launcher):
                 "join_timeout": timeout,
                 "last_call_timeout": max(1, math.ceil(self.last_call)),
                 "close_timeout": 30,
-                "keep_alive_interval": KEEP_ALIVE,
+                "keep_alive_interval": keep_alive_for(self.num_nodes),
                 "keep_alive_max_attempt": 3,
             },
             "local_addr": listen or None,

@@ -6,6 +6,8 @@ Imports no torch at import time."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
 import signal
@@ -19,6 +21,12 @@ from phalanx_core.launching import RankFailure, root_cause
 
 from ._rounds import MET
 
+#: What a node posts, in place of a failure, to wake its own watch as its
+#: launch ends: well (every node's watch leaves), or otherwise (the others
+#: read on).
+_ENDED = "ended"
+_WOKEN = "woken"
+
 
 class NodeWatch:
     """Tells every node of a job when it ends with a failure on one of
@@ -26,19 +34,37 @@ class NodeWatch:
     waits for a peer that is gone.
 
     A node whose launch fails (out of restarts) posts its failure (rank,
-    node, host, exit code, traceback, time). A thread on every node reads
-    the count of posts every ``POLL`` seconds; on a node whose ranks still
-    run, a post stops them (SIGTERM to this process, which elastic's agent
-    turns into stopping its ranks), and :attr:`remote` holds the failure
-    the node reports. Which failure is the root cause is decided by
-    :func:`~phalanx_core.launching.root_cause` over every post: a rank that raised comes before
-    a rank that lost its peer as a result. The node that hosts the store
-    (node 0, unless it is in etcd) waits after a failure, at most ``HOLD``
-    seconds, until every other node has said it is done reading the posts.
-    One node: nothing to watch.
+    node, host, exit code, traceback, time) as ``post/<i>``, and, where
+    the failure is a cause rather than a consequence (a rank that raised or
+    was killed, not one that lost its peer or was stopped: the first two of
+    :meth:`~phalanx_core.launching.RankFailure.order`'s kinds), again as
+    ``cause/<j>``. A thread on every node waits for the next post, blocked
+    in the store's ``wait`` on a connection of its own (a push: no request
+    while nothing fails, however many nodes there are); on a node whose
+    ranks still run, a post stops them (SIGTERM to this process, which
+    elastic's agent turns into stopping its ranks), and :attr:`remote`
+    holds the failure the node reports. Which failure is the root cause is
+    decided by :func:`~phalanx_core.launching.root_cause`: a rank that
+    raised comes before a rank that lost its peer as a result. Nodes read
+    the causes, which are few, rather than every node's post (with
+    thousands of nodes, every node reading every post is millions of
+    reads); only where no cause is posted within ``HOLD`` seconds do they
+    take the likeliest of the first ``FIRST_POSTS`` posts. The node that
+    hosts the store (node 0, unless it is in etcd) waits after a failure,
+    at most ``HOLD`` seconds, until every other node has said it is done
+    reading the posts. One node: nothing to watch.
     """
 
+    #: Seconds between looks at what changes only in this process (whether
+    #: this node met the others) and, while a failure is being settled, at
+    #: the causes posted.
     POLL = 0.2
+    #: Seconds of one blocking wait for the next post; the watch then waits
+    #: again (the bound lets a watch whose launch has ended leave).
+    WAIT = 30.0
+    #: Where no node posted a cause: how many of the first posts are read
+    #: for the likeliest consequence.
+    FIRST_POSTS = 8
     #: How long a node whose rank lost a peer waits for the post of the
     #: rank that caused it, and node 0 for the others to read the posts.
     HOLD = 5.0
@@ -58,6 +84,9 @@ class NodeWatch:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._signal_lock = threading.Lock()
+        #: The posts the watch has read, and whether it is blocked waiting for the next.
+        self._seen = 0
+        self._waiting = False
 
     def __enter__(self) -> NodeWatch:
         MET.clear()
@@ -69,6 +98,7 @@ class NodeWatch:
     def __exit__(self, *exc_info: object) -> None:
         with self._signal_lock:  # no signal once the launch is over
             self._stop.set()
+        self._wake(ended=exc_info[0] is None)
         if self._thread is not None:
             self._thread.join(self.POLL * 5)
 
@@ -89,22 +119,44 @@ class NodeWatch:
                 self._store = dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
             return self._store
 
-    def _posts(self) -> list[tuple[str, RankFailure]]:
-        store = self._connect()
+    def _connect_waiter(self) -> Any:
+        """The watch's own connection to the job's store: a blocked wait
+        holds its client, and settle() and __exit__ post on the other one
+        meanwhile."""
+        import torch.distributed as dist
+
+        assert self.connect is not None
+        return dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
+
+    def _read(
+        self, store: Any, kind: str, first: int = 1, last: int | None = None
+    ) -> list[tuple[str, RankFailure]]:
+        """The posts of ``kind`` (``post`` or ``cause``) numbered ``first``
+        to ``last`` (to the count posted so far where None)."""
+        if last is None:
+            last = int(store.add(f"{kind}s", 0))
         found = []
-        for index in range(1, int(store.add("posts", 0)) + 1):
-            key = f"post/{index}"
+        for index in range(first, last + 1):
+            key = f"{kind}/{index}"
             if not store.check([key]):
                 # Counted but not written yet (perhaps by settle() on this
                 # very client, whose set would wait behind a blocking get):
                 # read it next time.
                 continue
             who, _, text = store.get(key).decode().partition(" ")
-            found.append((who, RankFailure.from_dict(json.loads(text))))
+            if who != self.me and text not in (_ENDED, _WOKEN):
+                found.append((who, RankFailure.from_dict(json.loads(text))))
         return found
 
-    def _others(self) -> list[RankFailure]:
-        return [failure for who, failure in self._posts() if who != self.me]
+    def _causes(self) -> list[RankFailure]:
+        """The other nodes' causes posted so far."""
+        return [failure for _, failure in self._read(self._connect(), "cause")]
+
+    def _first_posts(self) -> list[RankFailure]:
+        """The other nodes' posts among the first :attr:`FIRST_POSTS`."""
+        store = self._connect()
+        count = int(store.add("posts", 0))
+        return [failure for _, failure in self._read(store, "post", 1, min(count, self.FIRST_POSTS))]
 
     def _watch(self) -> None:
         # Connect once this node has met the others at the job's store (not
@@ -113,17 +165,73 @@ class NodeWatch:
             if self._stop.is_set():
                 return
         try:
+            import torch.distributed as dist
+
+            waiter = self._connect_waiter()
             store = self._connect()
-            while not self._stop.wait(self.POLL):
-                if store.add("posts", 0):
-                    posts = self._others()
-                    if posts:
-                        self.remote = root_cause(posts)
-                        store.add("done", 1)
-                        self._interrupt()
-                        return
+            with self._lock:
+                self._waiting = True
+            while not self._stop.is_set():
+                try:
+                    waiter.wait([f"post/{self._seen + 1}"], datetime.timedelta(seconds=self.WAIT))
+                except (dist.DistStoreError, LookupError):  # nothing posted (TCPStore, EtcdStore)
+                    continue
+                self._seen += 1
+                if self._stop.is_set():
+                    return
+                who, _, text = store.get(f"post/{self._seen}").decode().partition(" ")
+                if text == _ENDED:
+                    return  # a node's launch ended well: so does every node's
+                if text == _WOKEN or who == self.me:
+                    continue
+                causes = self._causes()
+                self.remote = root_cause(causes) if causes else RankFailure.from_dict(json.loads(text))
+                store.add("done", 1)
+                self._interrupt()
+                return
         except (RuntimeError, ValueError, OSError):
             return  # the job's store is gone: the job has ended, or node 0 with it
+        finally:
+            with self._lock:
+                self._waiting = False
+
+    def _wake(self, ended: bool) -> None:
+        """Wake this node's watch out of its blocked wait, and let it leave:
+        a thread left blocked in the store's ``wait`` (C++ without the GIL)
+        that wakes while the interpreter is finalizing aborts the process
+        ("terminate called without an active exception"; found by a
+        script whose store went away as it exited: exit status 134). The
+        wake is a post of its own that the other nodes skip; where the
+        launch ended well it says so, and the other nodes' watches leave
+        too (the job is over for all), so that the wakes of a job's end
+        cost one read per node, not one per node and post."""
+        with self._lock:
+            waiting = self._waiting
+        if not waiting or self._thread is None:
+            return
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            store = self._connect()
+            store.set(f"post/{store.add('posts', 1)}", f"{self.me} {_ENDED if ended else _WOKEN}")
+        self._thread.join(self.HOLD)
+
+    def cause(self) -> RankFailure | None:
+        """What this node reports after the watch stopped its ranks: the
+        failure that stopped them, or, where that is only a consequence (a
+        rank that lost its peer), the first cause another node posts
+        within ``HOLD`` seconds."""
+        remote = self.remote
+        if remote is None or remote.order()[0] < 2:
+            return remote
+        deadline = time.monotonic() + self.HOLD
+        try:
+            while time.monotonic() < deadline:
+                causes = self._causes()
+                if causes:
+                    return root_cause(causes)
+                time.sleep(self.POLL)
+        except (RuntimeError, ValueError, OSError):
+            pass  # the job's store is gone: what was read before counts
+        return remote
 
     def settle(self, local: RankFailure) -> RankFailure:
         """Post this node's first failure; return the job's root cause, this
@@ -138,19 +246,23 @@ class NodeWatch:
         posts = known
         try:
             store = self._connect()
-            index = store.add("posts", 1)
-            store.set(f"post/{index}", f"{self.me} {json.dumps(local.to_dict())}")
+            text = f"{self.me} {json.dumps(local.to_dict())}"
+            store.set(f"post/{store.add('posts', 1)}", text)
+            if local.order()[0] < 2:
+                store.set(f"cause/{store.add('causes', 1)}", text)
             deadline = time.monotonic() + self.HOLD
-            posts = self._others() + known
+            posts = self._causes() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:
-            # while the likeliest cause posted is only that, wait a little
-            # for the post of the node whose rank is the cause (with three
+            # while the likeliest failure known is only that, wait a little
+            # for the node whose rank is the cause to post it (with three
             # nodes or more, another node's lost-peer post came first, and
             # waiting only while this node's own was the likeliest named
             # the wrong cause on half the nodes of a 128-node simulation).
             while root_cause(posts).order()[0] >= 2 and time.monotonic() < deadline:
                 time.sleep(self.POLL)
-                posts = self._others() + known
+                posts = self._causes() + known
+            if root_cause(posts).order()[0] >= 2:  # no cause at all: the likeliest of the first posts
+                posts += self._first_posts()
             if self.hosts_store:  # the store goes with this process: let the others read it
                 while store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                     time.sleep(self.POLL)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import math
 import os
 import threading
 import time
@@ -57,8 +58,44 @@ TIMED_OUT_HOLD = 10.0
 #: The name this module's handler is registered under in elastic.
 ELASTIC = "phalanx-elastic"
 
-#: Seconds between a node's heartbeats; a node is dropped after three missed.
+#: Seconds between a node's heartbeats, up to about 500 nodes (see
+#: :func:`keep_alive_for`); a node is dropped after three missed.
 KEEP_ALIVE = 1
+
+#: The seconds one heartbeat's write of elastic's rendezvous state takes per
+#: node in it (read, unpickle, change, pickle, compare_set of one blob that
+#: holds every node: 6-8 ms at 4,096 nodes on loopback, bench/README.md).
+_WRITE_PER_NODE = 1.6e-6
+
+
+def keep_alive_for(num_nodes: int) -> int:
+    """Seconds between heartbeats in a job of at most ``num_nodes`` nodes.
+
+    Elastic keeps every node's heartbeat in one stored blob that each node
+    rewrites with a compare-and-set; a write fails when another lands in
+    its window, which grows with the blob (``N x 1.6 us``). Heartbeats
+    collide rarely only while ``N / interval x window`` stays below about
+    0.5, so the interval grows as ``2 N^2 x 1.6 us``: 1 s up to about 550
+    nodes, 4 s at 1,024, 54 s at 4,096 (a lost node is then seen after
+    three intervals). Measured by bench/rendezvous_scale.py: with 1 s at
+    256 simulated nodes, 97 % of the writes failed and no round formed."""
+    return max(KEEP_ALIVE, math.ceil(2 * num_nodes * num_nodes * _WRITE_PER_NODE))
+
+
+def allow_connections(count: int) -> None:
+    """Raise this process's open-file limit (the soft one, up to the hard
+    one) so that the store it hosts can hold ``count`` connections: three
+    per node (its agent, and its node watch's two), which at 4,096 nodes
+    is above the usual soft limit of 1,024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256  # and the process's own files
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if top > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+
 
 #: etcd's client port, where an address gives none.
 ETCD_PORT = 2379

@@ -1,0 +1,302 @@
+"""The node watch of a job on several nodes (``_node_watch.NodeWatch``),
+on a real ``TCPStore`` on loopback, with the watches of several "nodes" as
+threads of this process: a failure posted on one node reaches every other
+node's blocked wait; a node asks the store nothing while nothing fails;
+the nodes of a cascade (one rank raised, every other lost its peer) all
+name the rank that raised, reading the causes rather than every post; a
+launch's end wakes its watch out of the store's wait, so that no thread is
+left blocked in C++ while the process exits (one that wakes then aborts
+the process). The whole job, with real hosts and kills, is in
+tests/multihost/test_elastic.py and test_nodes.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import resource
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from phalanx_core.launching import RankFailure, hosted_store
+from phalanx_torch import _rounds
+from phalanx_torch._node_watch import NodeWatch
+
+RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: boom'
+LOST_PEER = 'Traceback (most recent call last):\n  File "train.py", line 9\nRuntimeError: Connection reset by peer'
+
+
+class Counted(dist.Store):
+    """A store that counts each call by name and hands it on."""
+
+    def __init__(self, inner: Any, counts: Counter[str]) -> None:
+        super().__init__()
+        self.inner, self.counts = inner, counts
+
+    def _count(self, name: str) -> None:
+        self.counts[name] += 1
+
+    def set(self, key: str, value: Any) -> None:
+        self._count("set")
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self._count("get")
+        return self.inner.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        self._count("add")
+        return self.inner.add(key, amount)
+
+    def check(self, keys: list[str]) -> bool:
+        self._count("check")
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self._count("wait")
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+
+class Node(NodeWatch):
+    """One node's watch, whose interrupt records the time instead of
+    sending SIGTERM to this process."""
+
+    def __init__(self, port: int, index: int, num_nodes: int, counts: Counter[str]) -> None:
+        self.clients: list[Any] = []
+
+        def connect() -> Any:
+            client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+            self.clients.append(client)  # a Python store must outlive the C++ ones wrapping it
+            counted = Counted(client, counts)
+            self.clients.append(counted)
+            return counted
+
+        super().__init__(connect, index, num_nodes, hosts_store=False)
+        self.me = f"node{index}"
+        self.stopped_at: float | None = None
+
+    def _interrupt(self) -> None:
+        with self._signal_lock:
+            if not self._stop.is_set():
+                self.stopped_at = time.monotonic()
+
+
+@pytest.fixture
+def store() -> Any:
+    server = hosted_store("127.0.0.1", 0)
+    yield server
+
+
+def _watching(store: Any, count: int, counts: Counter[str]) -> list[Node]:
+    nodes = [Node(store.port, i, count, counts) for i in range(count)]
+    for node in nodes:
+        node.__enter__()
+    _rounds.MET.set()  # every node has met the others
+    deadline = time.monotonic() + 30
+    while not all(node._waiting for node in nodes):
+        assert time.monotonic() < deadline, "the watches never began to wait"
+        time.sleep(0.05)
+    return nodes
+
+
+def _failure(index: int, text: str) -> RankFailure:
+    return RankFailure(index, 1, text, time.time(), node=index, host=f"node{index}")
+
+
+def test_a_post_reaches_every_blocked_watch_and_nothing_is_asked_while_nothing_fails(store):
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 4, counts)
+    try:
+        before = sum(counts.values())
+        time.sleep(1.5)  # a poll would have asked 7 times per node by now
+        assert sum(counts.values()) == before, counts
+        posted = time.monotonic()
+        first = nodes[2].settle(_failure(2, RAISED))
+        assert first.rank == 2
+        deadline = time.monotonic() + 10
+        while any(n.stopped_at is None for i, n in enumerate(nodes) if i != 2):
+            assert time.monotonic() < deadline, [n.stopped_at for n in nodes]
+            time.sleep(0.01)
+        for i, node in enumerate(nodes):
+            if i != 2:
+                assert node.remote is not None and node.remote.rank == 2
+                assert node.cause() == node.remote
+                assert node.stopped_at is not None and node.stopped_at - posted < 5
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+    assert not any(node._thread is not None and node._thread.is_alive() for node in nodes)
+
+
+def test_a_cascade_names_the_rank_that_raised_on_every_node_reading_the_causes_only(store):
+    counts: Counter[str] = Counter()
+    size = 12
+    nodes = _watching(store, size, counts)
+    named: dict[int, RankFailure] = {}
+    try:
+        before = counts["get"]
+
+        def settle(i: int) -> None:
+            # The rank that raised posts last: every other node's lost-peer
+            # post is in the store before it.
+            if i == 5:
+                time.sleep(0.5)
+            named[i] = nodes[i].settle(_failure(i, RAISED if i == 5 else LOST_PEER))
+
+        threads = [threading.Thread(target=settle, args=(i,)) for i in range(size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(named) == size
+        assert {failure.rank for failure in named.values()} == {5}, named
+        # Each node reads the one cause (and the post that woke its watch,
+        # if it woke): about two gets a node, not one for every post so far.
+        assert counts["get"] - before <= 3 * size, counts
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+
+
+def test_with_no_cause_posted_the_nodes_name_a_lost_peer_after_the_hold(store, monkeypatch):
+    monkeypatch.setattr(NodeWatch, "HOLD", 1.0)
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 3, counts)
+    named: dict[int, RankFailure] = {}
+    try:
+        threads = [
+            threading.Thread(target=lambda i=i: named.update({i: nodes[i].settle(_failure(i, LOST_PEER))}))
+            for i in range(3)
+        ]
+        start = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert time.monotonic() - start >= 1.0  # each waited HOLD for a cause
+        # Every node names one of the lost-peer failures (all alike: the
+        # earliest of those it read).
+        assert len(named) == 3 and all(f.traceback == LOST_PEER for f in named.values())
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+
+
+def test_a_launch_that_ends_well_wakes_every_watch_out_of_its_wait(store):
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 3, counts)
+    start = time.monotonic()
+    nodes[0].__exit__(None, None, None)  # ended well: the job is over for all
+    deadline = time.monotonic() + 10
+    while any(n._thread is not None and n._thread.is_alive() for n in nodes):
+        assert time.monotonic() - deadline < 0, "a watch stayed blocked after the job ended"
+        time.sleep(0.01)
+    assert time.monotonic() - start < NodeWatch.WAIT
+    assert all(n.stopped_at is None and n.remote is None for n in nodes)  # no failure taken
+    for node in nodes[1:]:
+        node.__exit__(None, None, None)
+
+
+def test_a_launch_that_ends_with_an_error_wakes_its_own_watch_only(store):
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 3, counts)
+    try:
+        nodes[1].__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+        assert nodes[1]._thread is not None and not nodes[1]._thread.is_alive()
+        time.sleep(0.3)
+        # The others still watch, and take no failure from that wake.
+        assert nodes[0]._waiting and nodes[2]._waiting
+        nodes[0].settle(_failure(0, RAISED))
+        deadline = time.monotonic() + 10
+        while nodes[2].stopped_at is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert nodes[2].remote is not None and nodes[2].remote.rank == 0
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+
+
+# A process whose launch has ended and which exits while the job's store
+# goes away. Before the watch was woken at the launch's end, its thread sat
+# in TCPStore.wait; the store's end woke it while the interpreter was
+# finalizing, and the process aborted ("terminate called without an active
+# exception", exit status 134).
+_EXITING = textwrap.dedent(
+    """
+    import datetime, subprocess, sys, time
+    import torch.distributed as dist
+    from phalanx_torch import _rounds
+    from phalanx_torch._node_watch import NodeWatch
+
+    port, server_pid = int(sys.argv[1]), int(sys.argv[2])
+    connect = lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    with NodeWatch(connect, 1, 2, hosts_store=False) as watch:
+        _rounds.MET.set()
+        while not watch._waiting:
+            time.sleep(0.01)
+    # The store's process is killed as this one finalizes.
+    subprocess.Popen(["sh", "-c", f"sleep 0.05; kill -9 {server_pid}"])
+    """
+)
+
+_SERVER = textwrap.dedent(
+    """
+    import sys, time
+    from phalanx_core.launching import hosted_store
+    store = hosted_store("127.0.0.1", 0)
+    print(store.port, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_a_node_exits_cleanly_when_the_store_goes_away_as_it_exits():
+    for _ in range(3):
+        server = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            done = subprocess.run(
+                [sys.executable, "-c", _EXITING, str(port), str(server.pid)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert "terminate called" not in done.stderr
+        finally:
+            server.kill()
+            server.wait(30)
+
+
+def test_heartbeats_slow_down_with_the_node_count():
+    assert _rounds.keep_alive_for(2) == 1
+    assert _rounds.keep_alive_for(512) == 1
+    assert _rounds.keep_alive_for(1024) == 4
+    assert _rounds.keep_alive_for(4096) == 54
+
+
+def test_the_store_host_may_open_three_connections_a_node():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 1024)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        _rounds.allow_connections(3 * 4096)  # a 4,096-node job's store, and 256 files of its own
+        wanted = 3 * 4096 + 256
+        top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (max(low, top), hard)
+        _rounds.allow_connections(10)  # never lowered
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (max(low, top), hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
