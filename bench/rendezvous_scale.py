@@ -1292,6 +1292,7 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         5 * target
     )  # after the post, per node: add, get (2 requests), add("done"), and the poll that saw it
     push = args.watch == "push"
+    grown = _rounds.keep_alive_for(target)
     waits = target / _NodeWatch.WAIT
     # push: each settling node reads the causes (usually one: a count and a
     # get); poll (the watch before): every post so far.
@@ -1367,9 +1368,14 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
             "leaves, waits, joins: 3 writes of the one key, one at a time at best",
         ),
         (
+            "the same, phalanx's keep-alive",
+            f">= {3 * grown + last_call + 1 + 3 * target * window:,.0f} s",
+            f"keep-alive {grown} s at {target:,} nodes (_rounds.keep_alive_for: 2 N^2 x 1.6 us, rho 0.5)",
+        ),
+        (
             "connections at node 0",
-            f"{2 * target:,}",
-            "2 per node (agent + watch): RLIMIT_NOFILE must allow it",
+            f"{3 * target:,}",
+            "3 per node (agent, and the watch's two); node 0 raises its RLIMIT_NOFILE for them",
         ),
     ]
     width = max(len(a) for a, _, _ in lines)
