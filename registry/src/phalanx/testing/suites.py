@@ -346,19 +346,24 @@ class LauncherSuite:
     listens: ClassVar[bool] = True
     launches_functions_here: ClassVar[bool] = True
 
+    def flags(self) -> dict[str, Any]:
+        """The ``phalanx.resolve`` arguments of the strategy the tests
+        launch (a script writes them out as they are)."""
+        if not self.launcher:
+            raise pytest.UsageError(f"{type(self).__name__}: set launcher = '<its name>'")
+        return {
+            "strategy": self.strategy,
+            "accelerator": self.accelerator,
+            "devices": self.num_processes,
+            "launcher": self.launcher,
+            **self.options,
+        }
+
     def resolve(self) -> Any:
         """The strategy the tests launch, with your launcher by name."""
         import phalanx
 
-        if not self.launcher:
-            raise pytest.UsageError(f"{type(self).__name__}: set launcher = '<its name>'")
-        return phalanx.resolve(
-            self.strategy,
-            accelerator=self.accelerator,
-            devices=self.num_processes,
-            launcher=self.launcher,
-            **self.options,
-        )
+        return phalanx.resolve(**self.flags())
 
     def _launch(self, fn: Any, *args: Any) -> Any:
         """``launch(fn, *args)`` from this process, where the launcher can."""
@@ -444,15 +449,8 @@ class LauncherSuite:
         from phalanx_core.launcher import Launcher
         from phalanx_core.testing.processes import run_tagged
 
-        flags = {
-            "strategy": self.strategy,
-            "accelerator": self.accelerator,
-            "devices": self.num_processes,
-            "launcher": self.launcher,
-            **self.options,
-        }
         script = tmp_path / "flat.py"
-        script.write_text(_FLAT_SCRIPT.format(flags=repr(flags)))
+        script.write_text(_FLAT_SCRIPT.format(flags=repr(self.flags())))
         done = run_tagged([sys.executable, str(script)], timeout=self.hang_guard, cwd=tmp_path)
         output = done.stdout + done.stderr
         if type(self.resolve().launcher).run_script is Launcher.run_script:
@@ -485,15 +483,8 @@ class LauncherSuite:
         if type(self.resolve().launcher).run_script is Launcher.run_script:
             pytest.skip(f"launcher {self.launcher!r} runs no scripts (test_a_flat_script_launches_itself)")
         last = self.num_processes - 1
-        flags = {
-            "strategy": self.strategy,
-            "accelerator": self.accelerator,
-            "devices": self.num_processes,
-            "launcher": self.launcher,
-            **self.options,
-        }
         script = tmp_path / "failing.py"
-        script.write_text(_FAILING_SCRIPT.format(flags=repr(flags), last=last, how=how))
+        script.write_text(_FAILING_SCRIPT.format(flags=repr(self.flags()), last=last, how=how))
         done = run_tagged([sys.executable, str(script)], timeout=self.hang_guard, cwd=tmp_path)
         output = done.stdout + done.stderr
         # The ranks' output is above, each line marked with its rank; the
