@@ -186,8 +186,18 @@ class NodeWatch:
                     continue
                 causes = self._causes()
                 self.remote = root_cause(causes) if causes else RankFailure.from_dict(json.loads(text))
-                store.add("done", 1)
                 self._interrupt()
+                # What stopped this node may be only a consequence (a rank
+                # that lost its peer): wait a little for a cause before
+                # saying this node is done reading (node 0 may then leave,
+                # its store with it).
+                deadline = time.monotonic() + self.HOLD
+                while self.remote.order()[0] >= 2 and time.monotonic() < deadline:
+                    time.sleep(self.POLL)
+                    causes = self._causes()
+                    if causes:
+                        self.remote = root_cause(causes)
+                store.add("done", 1)
                 return
         except (RuntimeError, ValueError, OSError):
             return  # the job's store is gone: the job has ended, or node 0 with it
@@ -216,22 +226,12 @@ class NodeWatch:
 
     def cause(self) -> RankFailure | None:
         """What this node reports after the watch stopped its ranks: the
-        failure that stopped them, or, where that is only a consequence (a
-        rank that lost its peer), the first cause another node posts
-        within ``HOLD`` seconds."""
-        remote = self.remote
-        if remote is None or remote.order()[0] < 2:
-            return remote
-        deadline = time.monotonic() + self.HOLD
-        try:
-            while time.monotonic() < deadline:
-                causes = self._causes()
-                if causes:
-                    return root_cause(causes)
-                time.sleep(self.POLL)
-        except (RuntimeError, ValueError, OSError):
-            pass  # the job's store is gone: what was read before counts
-        return remote
+        failure that stopped them or, where that is only a consequence (a
+        rank that lost its peer), the cause another node posts within
+        ``HOLD`` seconds (the watch waits for it)."""
+        if self.remote is not None and self._thread is not None:  # else: the watch stopped nothing
+            self._thread.join(self.HOLD + 1)
+        return self.remote
 
     def settle(self, local: RankFailure) -> RankFailure:
         """Post this node's first failure; return the job's root cause, this
@@ -270,5 +270,10 @@ class NodeWatch:
                 store.add("done", 1)
         except (RuntimeError, ValueError, OSError):
             pass  # the job's store is gone: what was read before counts
+        # The watch may have read another node's post while this settle ran
+        # (it sets remote before it says it is done, and node 0 may leave
+        # with its store as soon as it has): what it read counts too.
+        if self.remote is not None:
+            posts = [*posts, self.remote]
         first = root_cause(posts)
         return local if first == local else first
