@@ -53,6 +53,8 @@ from typing import Any
 
 from phalanx_core import Availability, MisconfigurationError
 
+from .plugin import INSTALL
+
 __all__ = [
     "INSTALL",
     "TORCH_FOR_XLA",
@@ -63,7 +65,6 @@ __all__ = [
     "version_problem",
 ]
 
-INSTALL = "pip install 'torch==2.9.0' 'torch_xla==2.9.0'  (or: pip install 'phalanx-xla[xla]')"
 
 #: The torch release each torch_xla release was built for (major.minor of
 #: torch_xla -> exact torch version). torch_xla's own metadata does not say.

@@ -22,7 +22,10 @@ from phalanx_core import (
     hookimpl,
 )
 
-from ._runtime import INSTALL
+#: What to install for every part here (also in the parts' refusals). Here,
+#: not in ``_runtime``: the entry module imports phalanx_core only, so that
+#: listing the plugins stays fast (docs/content/publish.md).
+INSTALL = "pip install 'torch==2.9.0' 'torch_xla==2.9.0'  (or: pip install 'phalanx-xla[xla]')"
 
 _PKG = "phalanx_xla"
 _NEEDS = ("torch", "torch_xla")
