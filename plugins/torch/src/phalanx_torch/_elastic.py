@@ -41,6 +41,7 @@ from ._elastic_agent import (
     agent_class,
     failures_of,
     print_elsewhere,
+    raised_before,
     say,
     signal_handlers_kept,
     stopped_words,
@@ -343,12 +344,22 @@ class SubprocessLauncher(Launcher):
                     "subprocess", [first, *failures], self.world_size, stopped=stopped
                 ) from exc
             except SignalException as exc:
-                remote = watch.cause()
-                if remote is not None:  # another node's rank failed; the agent stopped ours
-                    if prefix_lines:
-                        print_elsewhere(remote)
+                if watch.interrupted_at is not None:  # another node's rank failed; the agent stopped ours
+                    # This node's own ranks may have failed a moment before
+                    # the post came (the watch is quicker than the agent's
+                    # monitor): settle what they raised as a failure of this
+                    # node, at once, so that every node weighs it (the other
+                    # nodes wait for a cause only so long).
+                    ranks, _ = self._this_node()
+                    node_now = ranks[0] // self.num_processes
+                    own = raised_before(logs, ranks, node_now, watch.interrupted_at)
+                    cause = watch.settle(root_cause(own)) if own else watch.cause()
+                    assert cause is not None  # the watch read a post before it stopped the ranks
+                    if prefix_lines and all(cause is not failure for failure in own):
+                        print_elsewhere(cause)  # the ranks of another node failed first
                     stopped = stopped_words(self.num_nodes)
-                    raise worker_failed("subprocess", [remote], self.world_size, stopped=stopped) from None
+                    failed = [cause, *own]
+                    raise worker_failed("subprocess", failed, self.world_size, stopped=stopped) from None
                 # The agent has stopped every rank. SIGINT ends this process
                 # as Ctrl-C does; any other signal as its default action
                 # would, with the status a shell shows for it (143 for

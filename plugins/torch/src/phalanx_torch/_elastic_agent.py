@@ -7,6 +7,7 @@ errors that mean node 0's store is gone. Imports no torch at import time."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -153,18 +154,51 @@ def failures_of(exc: Any, node_rank: int | None) -> list[RankFailure]:
     failures = []
     host = socket.gethostname() if node_rank is not None else None
     for rank, failure in exc.failures.items():
-        traceback_text: str | None = None
         when = float(failure.timestamp)
-        message = failure.error_file_data.get("message")
-        if isinstance(message, dict):
-            traceback_text = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
-        elif isinstance(message, str) and message != "<NONE>":
-            traceback_text = message
         with contextlib.suppress(OSError):
             when = os.stat(failure.error_file).st_mtime
+        traceback_text = _traceback_of(failure.error_file_data)
         failures.append(
             RankFailure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
         )
+    return failures
+
+
+def _traceback_of(error_file_data: dict[str, Any]) -> str | None:
+    """The traceback in a rank's elastic error file (its JSON), if any."""
+    message = error_file_data.get("message")
+    if isinstance(message, dict):
+        text = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
+        return str(text) if text else None
+    if isinstance(message, str) and message != "<NONE>":
+        return message
+    return None
+
+
+def raised_before(logs: Path, ranks: range, node_rank: int | None, before: float) -> list[RankFailure]:
+    """This node's ranks that raised in the last attempt before ``before``
+    (seconds since the epoch), from the error files they wrote under
+    elastic's ``logs`` folder (``.../attempt_<n>/<local rank>/error.json``):
+    what the node's own ranks did when the node watch stopped them for
+    another node's post (elastic's SignalException then carries none)."""
+    files = [path for path in logs.rglob("error.json") if path.parent.parent.name.startswith("attempt_")]
+    if not files:
+        return []
+    last = max(int(path.parent.parent.name.removeprefix("attempt_")) for path in files)
+    host = socket.gethostname() if node_rank is not None else None
+    failures = []
+    for path in files:
+        if path.parent.parent.name != f"attempt_{last}" or not path.parent.name.isdigit():
+            continue
+        try:
+            when = path.stat().st_mtime
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        local = int(path.parent.name)
+        if when >= before or local >= len(ranks):
+            continue  # written as it was stopped, or not a rank of this round
+        failures.append(RankFailure(ranks[local], 1, _traceback_of(data), when, node=node_rank, host=host))
     return failures
 
 

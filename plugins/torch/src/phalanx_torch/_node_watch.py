@@ -77,6 +77,8 @@ class NodeWatch:
         self.num_nodes = num_nodes
         self.hosts_store = hosts_store
         self.remote: RankFailure | None = None
+        #: When the watch stopped this node's ranks (seconds since the epoch).
+        self.interrupted_at: float | None = None
         #: This node among the posts: its host and launching process.
         self.me = f"{socket.gethostname()}-{os.getpid()}"
         self._store: Any = None
@@ -108,6 +110,7 @@ class NodeWatch:
         once this node's own failure is being settled, or the launch is over."""
         with self._signal_lock:
             if not self._stop.is_set():
+                self.interrupted_at = time.time()
                 os.kill(os.getpid(), signal.SIGTERM)
 
     def _connect(self) -> Any:
@@ -190,9 +193,10 @@ class NodeWatch:
                 # What stopped this node may be only a consequence (a rank
                 # that lost its peer): wait a little for a cause before
                 # saying this node is done reading (node 0 may then leave,
-                # its store with it).
+                # its store with it), unless this node settles a failure of
+                # its own meanwhile (which may be that cause).
                 deadline = time.monotonic() + self.HOLD
-                while self.remote.order()[0] >= 2 and time.monotonic() < deadline:
+                while self.remote.order()[0] >= 2 and time.monotonic() < deadline and not self._stop.is_set():
                     time.sleep(self.POLL)
                     causes = self._causes()
                     if causes:
