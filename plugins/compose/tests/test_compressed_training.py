@@ -6,6 +6,7 @@ collective's, and loss curves that agree over 200 steps."""
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
@@ -101,3 +102,47 @@ def test_training_follows_the_plain_collective_within_bf16_rounding(kind):
             assert abs(a - b) <= tolerance * abs(a), (feedback, step, a, b)
         assert losses[-1] < 0.01 * losses[0]
         torch.testing.assert_close(torch.tensor(weights), torch.tensor(plain_weights), rtol=2**-7, atol=2e-3)
+
+
+def overlap(strategy):
+    """8 asynchronous all_reduces of 4 MB of float32 (integers, exact in
+    bf16) started one after another, the last rank a second late; how many
+    were not done when the calls returned (None on the late rank); whether each result is right once waited on; and what
+    phalanx's process group hands DDP for one (c10d's future itself, with
+    the copy back chained on it, or its own Python handle)."""
+    from phalanx_torch.process_group import CollectiveProcessGroup
+
+    collective = strategy.collective
+    rank, size = strategy.global_rank, strategy.world_size
+    late = rank == size - 1  # starts a second late: no handle of the others can be done before
+    tensors = [torch.full((1 << 20,), float(rank + i)) for i in range(8)]
+    if late:
+        time.sleep(1.0)
+    works = [collective.all_reduce(t, async_op=True) for t in tensors]
+    pending = None if late else sum(not w.is_completed() for w in works)
+    right = all(
+        w.wait() is t and bool((t == sum(k + i for k in range(size))).all())
+        for i, (w, t) in enumerate(zip(works, tensors, strict=True))
+    )
+    group = CollectiveProcessGroup(collective)
+    bucket = torch.full((1000,), float(rank + 1))
+    work = group.allreduce([bucket])
+    value = work.get_future().wait()
+    handed = type(work).__name__
+    group.unregister()
+    return pending, right, handed, value[0] is bucket and bucket[:2].tolist()
+
+
+def test_async_all_reduce_returns_before_it_is_done_and_ddp_gets_the_backends_future():
+    """The copy back into float32 is chained on the inner operation's c10d
+    future: the call returns at once, the handle completes by itself, and
+    the process group gives torch a Work over that future (``NativeWork``),
+    not its own Python handle that waits."""
+    strategy = phalanx.resolve(
+        "ddp", accelerator="cpu", devices=2, launcher="spawn", collective="compressed", inner="torch"
+    )
+    for pending, right, handed, value in strategy.launch(overlap):
+        assert right, "a result differs from the sum"
+        assert pending in (None, 8), f"{pending} of 8 all_reduces pending when the calls returned"
+        assert handed == "NativeWork", handed
+        assert value == [3.0, 3.0], value

@@ -74,8 +74,14 @@ def run_two_nodes(*flags: str, mode: str) -> list[dict]:
     return sorted(results, key=lambda r: r["rank"])
 
 
-def test_two_nodes_of_two_ranks_take_both_levels_and_keep_the_contract():
-    results = run_two_nodes("--strategy", "ddp", "--collective", "hierarchical", mode="contract")
+@pytest.fixture(scope="module")
+def contract_run() -> list[dict]:
+    """The contract job on 2 nodes x 2 ranks, run once for the tests below."""
+    return run_two_nodes("--strategy", "ddp", "--collective", "hierarchical", mode="contract")
+
+
+def test_two_nodes_of_two_ranks_take_both_levels_and_keep_the_contract(contract_run):
+    results = contract_run
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:
         assert r["hierarchical"] is True
@@ -83,13 +89,36 @@ def test_two_nodes_of_two_ranks_take_both_levels_and_keep_the_contract():
         assert r["all_reduce"] == [6.0] * 5  # 0 + 1 + 2 + 3
         assert r["broadcast"] == [0.0, 1.0, 2.0]
         assert r["all_gather"] == [0, 1, 2, 3]
-        # Within the node: the reduce-scatter and all-gather of the
-        # all_reduce, the broadcast's second hop, the all_gather's first.
-        assert r["local"]["reduce_scatter"] == 1 and r["local"]["all_gather_into"] == 1, r["local"]
-        assert r["local"]["broadcast"] == 1 and r["local"]["all_gather"] == 1, r["local"]
-        # Across: the all_reduce of one slice, and the nodes' blocks.
-        assert r["cross"]["all_reduce"] == 1 and r["cross"]["all_gather"] == 1, r["cross"]
+        # Two levels, exactly the flat result: rank r's row, summed.
+        assert r["reduce_scatter"] == r["reduce_scatter_flat"] == [[400 * r["rank"] + 6] * 3]
+        # Within the node, first level: the all_reduce's reduce-scatter, the
+        # all_gather's first hop, the reduce_scatter's first level.
+        assert r["local"] == {"reduce_scatter_into": 2, "all_gather": 1}, r["local"]
+        # Within the node, last level: the all_reduce's all-gather and the
+        # broadcast's second hop.
+        assert r["last"] == {"all_gather_into": 1, "broadcast": 1}, r["last"]
+        # Across: the all_reduce of one slice, the broadcast's first hop
+        # (in the cross group of the source's local index: ranks 1 and 3),
+        # the nodes' blocks, the reduce_scatter's slice.
+        across = {"all_reduce": 1, "all_gather": 1, "reduce_scatter_into": 1}
+        assert r["cross"] == ({**across, "broadcast": 1} if r["rank"] in (1, 3) else across), r["cross"]
         assert r["ran"], r
+
+
+def test_async_operations_return_before_they_are_done_and_then_hold_the_flat_result(contract_run):
+    """8 all_reduces of 4 MB each and 8 reduce_scatter_intos, started one
+    after another on 4 ranks, the last rank a second late: on the other
+    ranks every handle is still pending when the calls return (the call no
+    longer runs the three steps itself, which would have waited for the
+    late rank), and once waited on every result equals the flat
+    collective's exactly."""
+    for r in contract_run:
+        assert r["async_all_reduce_right"] and r["async_reduce_scatter_right"], r
+        if r["rank"] != len(contract_run) - 1:
+            assert r["pending_all_reduce"] == 8 and r["pending_reduce_scatter"] == 8, r
+        # DDP's bucket (999 elements: padded for the node's reduce-scatter)
+        # waits on the chain's own c10d future, not on a Python handle.
+        assert r["handed"] == "NativeWork" and r["bucket_summed"], r
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

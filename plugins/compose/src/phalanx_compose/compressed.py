@@ -29,6 +29,8 @@ from phalanx_core import (
     MisconfigurationError,
     NonMember,
     Work,
+    check_into,
+    check_rank,
     check_reduce_op,
 )
 
@@ -104,6 +106,7 @@ class CompressedCollective(Collective):
         self.reduce_ops = self.inner.reduce_ops  # type: ignore[misc]
         self.subgroups = self.inner.subgroups  # type: ignore[misc]
         self._residuals: dict[tuple[int, int, str], torch.Tensor] = {}
+        self._buffers_: Any = None
 
     # -- life cycle ----------------------------------------------------------
 
@@ -120,6 +123,8 @@ class CompressedCollective(Collective):
 
     def teardown(self) -> None:
         self._residuals.clear()
+        if self._buffers_ is not None:
+            self._buffers_.clear()
         self.inner.teardown()
 
     @property
@@ -153,6 +158,15 @@ class CompressedCollective(Collective):
             inner=group, dtype=self.dtype, error_feedback=self.error_feedback, timeout=self.timeout
         )
 
+    @property
+    def _buffers(self) -> Any:
+        """The reused wire buffers (made on first use: it imports torch)."""
+        if self._buffers_ is None:
+            from ._works import Buffers
+
+            self._buffers_ = Buffers()
+        return self._buffers_
+
     # -- the wire ------------------------------------------------------------
 
     def _compresses(self, tensor: Any) -> bool:
@@ -165,26 +179,61 @@ class CompressedCollective(Collective):
 
         return getattr(torch, _WIRE[self.dtype])  # type: ignore[no-any-return]
 
+    def _buffer(self, like: torch.Tensor, numel: int | None = None) -> torch.Tensor:
+        """A wire buffer of ``numel`` elements (``like``'s by default),
+        shaped as ``like`` where it has its size, from the reused ones."""
+        n = like.numel() if numel is None else numel
+        buffer: torch.Tensor = self._buffers.take(n, self._wire_dtype(), like.device)
+        return buffer.view(like.shape) if n == like.numel() else buffer
+
     def _to_wire(self, tensor: torch.Tensor, *, feedback: bool = False) -> torch.Tensor:
-        """``tensor`` in the wire's dtype; with ``feedback``, plus what
-        rounding it lost last time, and what it loses now kept."""
+        """``tensor`` converted into a reused wire buffer; with
+        ``feedback``, plus what rounding it lost last time (added to
+        ``tensor`` itself, which the all_reduce overwrites), and what it
+        loses now kept."""
+        import torch
+
+        wire = self._buffer(tensor)
         if not feedback:
-            return tensor.to(self._wire_dtype())
+            return wire.copy_(tensor)
         key = (tensor.untyped_storage().data_ptr(), tensor.numel(), str(tensor.device))
         residual = self._residuals.get(key)
-        exact = tensor + residual if residual is not None else tensor
-        wire = exact.to(self._wire_dtype())
-        self._residuals[key] = exact - wire.to(tensor.dtype)
+        if residual is None:
+            residual = self._residuals[key] = torch.zeros_like(tensor)
+        else:
+            tensor.add_(residual)
+        wire.copy_(tensor)
+        torch.sub(tensor, wire, out=residual)  # one pass: fp32 minus the rounded value
         return wire
 
-    @staticmethod
-    def _finish(work: Any, async_op: bool, finish: Callable[[Any], Any]) -> Any:
-        """``finish`` after the inner operation: now, or when its handle is
-        waited on."""
+    def _finish(
+        self,
+        work: Any,
+        async_op: bool,
+        finish: Callable[[Any], Any],
+        buffers: Sequence[torch.Tensor],
+        torch_value: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """``finish`` after the inner operation, then ``buffers`` given
+        back: now, or, for ``async_op``, in the thread that completes the
+        inner handle (gloo's worker, through its c10d future) where it
+        notifies, else when the handle is waited on. ``torch_value``: the
+        result as torch's backends give it (``[tensor]``), which lets
+        phalanx's process group hand DDP and FSDP this handle's own c10d
+        future (``backend_work``)."""
+
+        def done(result: Any) -> Any:
+            try:
+                return finish(result)
+            finally:
+                self._buffers.give(*buffers)
+
         if async_op:
+            from ._works import ChainedWork
+
             assert isinstance(work, Work)
-            return work.then(finish)
-        return finish(work)
+            return ChainedWork(work, done, torch_value)
+        return done(work)
 
     # -- reductions ------------------------------------------------------------
 
@@ -194,51 +243,61 @@ class CompressedCollective(Collective):
         check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=False)
         wire = self._to_wire(tensor, feedback=self.error_feedback and op in ("sum", "mean"))
         work = self.inner.all_reduce(wire, op, async_op=async_op)
-        return self._finish(work, async_op, lambda _: tensor.copy_(wire))
+        return self._finish(work, async_op, lambda _: tensor.copy_(wire), [wire], _listed)
 
     def reduce(self, tensor: Any, dst: int = 0, op: str = "sum", *, async_op: bool = False) -> Any:
         if not self._compresses(tensor):
             return self.inner.reduce(tensor, dst, op, async_op=async_op)
         check_reduce_op(op, self.reduce_ops, collective=self.name, is_bool=False)
+        check_rank(dst, self.world_size, operation="reduce", argument="dst")
         wire = self._to_wire(tensor)
         work = self.inner.reduce(wire, dst, op, async_op=async_op)
-        return self._finish(work, async_op, lambda _: tensor.copy_(wire))
+        # Only dst's tensor holds the result; elsewhere it is scratch.
+        mine = self.rank == dst
+        return self._finish(work, async_op, lambda _: tensor.copy_(wire) if mine else tensor, [wire], _listed)
 
     def reduce_scatter(self, tensor: Any, op: str = "sum", *, async_op: bool = False) -> Any:
         if not self._compresses(tensor):
             return self.inner.reduce_scatter(tensor, op, async_op=async_op)
-        work = self.inner.reduce_scatter(self._to_wire(tensor), op, async_op=async_op)
-        return self._finish(work, async_op, lambda part: part.to(tensor.dtype))
+        wire = self._to_wire(tensor)
+        work = self.inner.reduce_scatter(wire, op, async_op=async_op)
+        return self._finish(work, async_op, lambda part: part.to(tensor.dtype), [wire])
 
     def reduce_scatter_into(
         self, output: Any, tensor: Any, op: str = "sum", *, async_op: bool = False
     ) -> Any:
         if not (self._compresses(tensor) and self._compresses(output)):
             return self.inner.reduce_scatter_into(output, tensor, op, async_op=async_op)
-        wire_out = output.to(self._wire_dtype())
-        work = self.inner.reduce_scatter_into(wire_out, self._to_wire(tensor), op, async_op=async_op)
-        return self._finish(work, async_op, lambda _: output.copy_(wire_out))
+        check_into(output, tensor, self.world_size, operation="reduce_scatter_into")
+        wire_out = self._buffer(output)  # written, never read: no conversion in
+        wire = self._to_wire(tensor)
+        work = self.inner.reduce_scatter_into(wire_out, wire, op, async_op=async_op)
+        return self._finish(work, async_op, lambda _: output.copy_(wire_out), [wire_out, wire], _listed)
 
     # -- gathers ---------------------------------------------------------------
 
     def all_gather(self, tensor: Any, *, async_op: bool = False) -> Any:
         if not self._compresses(tensor):
             return self.inner.all_gather(tensor, async_op=async_op)
-        work = self.inner.all_gather(self._to_wire(tensor), async_op=async_op)
-        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts])
+        wire = self._to_wire(tensor)
+        work = self.inner.all_gather(wire, async_op=async_op)
+        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts], [wire])
 
     def all_gather_into(self, output: Any, tensor: Any, *, async_op: bool = False) -> Any:
         if not (self._compresses(tensor) and self._compresses(output)):
             return self.inner.all_gather_into(output, tensor, async_op=async_op)
-        wire_out = output.to(self._wire_dtype())
-        work = self.inner.all_gather_into(wire_out, self._to_wire(tensor), async_op=async_op)
-        return self._finish(work, async_op, lambda _: output.copy_(wire_out))
+        check_into(output, tensor, self.world_size, operation="all_gather_into")
+        wire_out = self._buffer(output)  # written, never read: no conversion in
+        wire = self._to_wire(tensor)
+        work = self.inner.all_gather_into(wire_out, wire, async_op=async_op)
+        return self._finish(work, async_op, lambda _: output.copy_(wire_out), [wire_out, wire], _listed)
 
     def gather(self, tensor: Any, dst: int = 0, *, async_op: bool = False) -> Any:
         if not self._compresses(tensor):
             return self.inner.gather(tensor, dst, async_op=async_op)
-        work = self.inner.gather(self._to_wire(tensor), dst, async_op=async_op)
-        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts])
+        wire = self._to_wire(tensor)
+        work = self.inner.gather(wire, dst, async_op=async_op)
+        return self._finish(work, async_op, lambda parts: [p.to(tensor.dtype) for p in parts], [wire])
 
     # -- the rest, as the inner collective does it -----------------------------------
 
@@ -273,3 +332,8 @@ class CompressedCollective(Collective):
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         return self.inner.scatter_object(objs, src)
+
+
+def _listed(result: Any) -> list[Any]:
+    """An in-place operation's result as torch's backends give it."""
+    return [result]
