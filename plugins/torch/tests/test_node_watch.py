@@ -30,7 +30,9 @@ from phalanx_torch import _rounds
 from phalanx_torch._node_watch import NodeWatch
 
 RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: boom'
-LOST_PEER = 'Traceback (most recent call last):\n  File "train.py", line 9\nRuntimeError: Connection reset by peer'
+LOST_PEER = (
+    'Traceback (most recent call last):\n  File "train.py", line 9\nRuntimeError: Connection reset by peer'
+)
 
 
 class Counted(dist.Store):
@@ -93,8 +95,7 @@ class Node(NodeWatch):
 
 @pytest.fixture
 def store() -> Any:
-    server = hosted_store("127.0.0.1", 0)
-    yield server
+    return hosted_store("127.0.0.1", 0)
 
 
 def _watching(store: Any, count: int, counts: Counter[str]) -> list[Node]:
