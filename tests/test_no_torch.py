@@ -87,6 +87,10 @@ HEAVY = (
     "zipfile",
     "concurrent.futures",
     "hashlib",
+    # Entry points are read from the dist-info folders: importlib.metadata
+    # (18-20 ms, with email) only for a zip or another package's finder.
+    "importlib.metadata",
+    "email",
 )
 
 
@@ -94,9 +98,8 @@ HEAVY = (
     ("body", "allowed"),
     [
         ("import phalanx", ()),
-        # Reading the entry points: importlib.metadata opens zipfile itself.
-        ("import phalanx; phalanx.Registry()", ("zipfile",)),
-        ("import io; from phalanx.cli import main; assert main(['list'], io.StringIO()) == 0", ("zipfile",)),
+        ("import phalanx; phalanx.Registry()", ()),
+        ("import io; from phalanx.cli import main; assert main(['list'], io.StringIO()) == 0", ()),
     ],
     ids=["import", "registry", "list"],
 )

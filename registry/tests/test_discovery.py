@@ -229,3 +229,100 @@ def test_plugin_environment_variables(
         if name not in loaded:
             assert record.status == "disabled"
             assert "PHALANX_" in record.error
+
+
+# -- reading entry points without importlib.metadata (issue 31, item 9) -------
+
+
+def both_readers(group: str):
+    from phalanx._discovery import _from_importlib_metadata, entry_points
+
+    return entry_points(group), _from_importlib_metadata(group)
+
+
+@pytest.mark.parametrize("group", ["phalanx.plugins", "console_scripts", "pytest11"])
+def test_the_folders_give_what_importlib_metadata_gives(group):
+    from phalanx._discovery import _read_folders
+
+    assert _read_folders(group) is not None  # this environment is read from its folders
+    ours, theirs = both_readers(group)
+    assert ours == theirs and ours
+
+
+def test_the_first_distribution_on_the_path_wins_and_the_text_is_read_alike(tmp_path, monkeypatch):
+    from phalanx_core.testing._distributions import write_distribution
+
+    write_distribution(
+        tmp_path / "a", "Twice.Plugin", version="2.0", entry_points={"twice": "twice_a:plugin"}
+    )
+    write_distribution(tmp_path / "b", "twice-plugin", version="1.0", entry_points={"twice": "twice_b"})
+    info = tmp_path / "c" / "old_style-0.3-py3.11.egg-info"
+    info.mkdir(parents=True)
+    (info / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old-style\nVersion: 0.3\n\nName: body\n")
+    (info / "entry_points.txt").write_text(
+        "# a comment\n[other]\nx = nope\n\n[phalanx.plugins]\n  old = old_style.plugin : thing [extra]\n"
+        "spaced=old_style.spaced\n"
+    )
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "not_a_folder.egg-info").write_text("Name: x\n")  # distutils' single-file form
+    for folder in "dcba":
+        monkeypatch.syspath_prepend(str(tmp_path / folder))
+    ours, theirs = both_readers("phalanx.plugins")
+    assert ours == theirs
+    mine = [ep for ep in ours if ep.name in ("twice", "old", "spaced")]
+    assert [(ep.name, ep.value, ep.distribution, ep.version) for ep in mine] == [
+        ("twice", "twice_a:plugin", "Twice.Plugin", "2.0"),
+        ("old", "old_style.plugin : thing [extra]", "old-style", "0.3"),
+        ("spaced", "old_style.spaced", "old-style", "0.3"),
+    ]
+
+
+def test_an_entry_point_loads_its_module_and_attribute(tmp_path, monkeypatch):
+    from phalanx._discovery import EntryPoint
+
+    (tmp_path / "ep_target.py").write_text("class Outer:\n    class Inner:\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = EntryPoint("x", "ep_target : Outer.Inner [extra]").load()
+    assert loaded.__qualname__ == "Outer.Inner"
+    assert EntryPoint("x", "ep_target").load().__name__ == "ep_target"
+    with pytest.raises(ValueError, match="'not a target!' is not 'module' or 'module:attr'"):
+        EntryPoint("x", "not a target!").load()
+
+
+def test_a_zip_on_the_path_is_read_by_importlib_metadata(tmp_path, monkeypatch):
+    import zipfile
+
+    from phalanx._discovery import _read_folders
+
+    archive = tmp_path / "zipped.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr(
+            "zipped_plugin-0.4.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: zipped-plugin\nVersion: 0.4\n",
+        )
+        z.writestr(
+            "zipped_plugin-0.4.dist-info/entry_points.txt", "[phalanx.plugins]\nzipped = zipped_plugin\n"
+        )
+    monkeypatch.syspath_prepend(str(archive))
+    assert _read_folders("phalanx.plugins") is None
+    ours, theirs = both_readers("phalanx.plugins")
+    assert ours == theirs
+    assert ("zipped", "zipped-plugin", "0.4") in [(ep.name, ep.distribution, ep.version) for ep in ours]
+
+
+def test_a_finder_of_another_package_is_asked_through_importlib_metadata(monkeypatch):
+    import sys
+
+    from phalanx._discovery import _read_folders
+
+    class Finder:
+        def find_spec(self, *args):
+            return None
+
+        def find_distributions(self, context=None):
+            return iter(())
+
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    assert _read_folders("phalanx.plugins") is None
+    ours, theirs = both_readers("phalanx.plugins")
+    assert ours == theirs

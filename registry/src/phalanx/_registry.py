@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import time
@@ -95,7 +94,7 @@ class Registry:
         installed = ", ".join(str(p.provider) for p in self.plugins) or "none"
         for var, names in ((ALLOW_VAR, allow or set()), (DENY_VAR, deny)):
             for name in sorted(names - seen):
-                close = difflib.get_close_matches(name, sorted(seen), n=1)
+                close = _close_matches(name, sorted(seen), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 self.filter_problems.append(
                     f"{var} names {name!r}, which is no installed plugin{hint}; the installed plugins: "
@@ -142,7 +141,7 @@ class Registry:
         ]
         hints = []
         for attr in wrong:
-            close = difflib.get_close_matches(attr, known, n=1)
+            close = _close_matches(attr, known, n=1)
             hints.append(f"{attr!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         what = f"it implements unknown hook(s) {', '.join(hints)}" if hints else str(exc)
         return f"{what}; the hooks are {', '.join(known)}. ({type(exc).__name__}: {exc})"
@@ -267,7 +266,7 @@ class Registry:
                     f"resolve({entry.name!r}, {keywords})"
                 )
         same_letters = [n for n in names if n.lower() == name.lower()]
-        close = same_letters or difflib.get_close_matches(name.lower(), names, n=3)
+        close = same_letters or _close_matches(name.lower(), names, n=3)
         parts = [f"unknown {kind} {name!r}."]
         if same_letters:
             parts.append(f"Did you mean {same_letters[0]!r}? Names are case-sensitive.")
@@ -348,3 +347,10 @@ class Registry:
     def __repr__(self) -> str:
         counts = ", ".join(f"{len(self._all[k])} {k}" for k in Kind)
         return f"Registry({len(self.plugins)} plugins: {counts})"
+
+
+def _close_matches(word: str, candidates: Iterable[str], n: int) -> list[str]:
+    """difflib's close matches, imported when a name was mistyped (not on every listing)."""
+    import difflib
+
+    return difflib.get_close_matches(word, list(candidates), n=n)

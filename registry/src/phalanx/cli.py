@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -47,13 +44,20 @@ def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
     if not rows:
         return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    room = shutil.get_terminal_size((0, 0)).columns if out.isatty() else 0
+    room = _columns() if out.isatty() else 0
     for row in rows:
         cells = [f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:-1])]
         line = "  ".join([*cells, row[-1]]).rstrip()
         if room and len(line) > room:
             line = line[: max(room - 1, sum(widths))] + "…"
         print(line, file=out)
+
+
+def _columns() -> int:
+    """The terminal's width, as ``shutil`` reads it (imported on a terminal only)."""
+    import shutil
+
+    return shutil.get_terminal_size((0, 0)).columns
 
 
 def _available_cell(entry: Entry, ok: bool, why: str, probe: bool) -> str:
@@ -338,6 +342,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         except KeyboardInterrupt:
             return 130
         except Exception:  # noqa: BLE001 - the script's own error: its traceback, as python shows it
+            import traceback
+
             traceback.print_exc()
             return 1
         return 0
@@ -361,6 +367,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _signal_name(number: int) -> str:
+    import signal
+
     try:
         return signal.Signals(number).name
     except ValueError:
