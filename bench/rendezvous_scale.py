@@ -13,7 +13,10 @@ thread in the driver process). Each simulated node is a thread in one of
 about 60 GB); each does what a node's launching process does with the
 job's store and nothing else:
 
-* phalanx's ``RoundRendezvous``, made by ``_rounds._create`` from the
+* phalanx's ``RoundRendezvous`` over elastic's dynamic rendezvous, as
+  ``_rounds._create`` made it for node 0's store until the counted rounds
+  took its place (``elastic_dynamic``; bench/rounds_scale.py measures
+  both), from the
   ``RendezvousParameters`` that ``SubprocessLauncher._rounds()`` gives
   elastic (min_nodes N-1, max_nodes N, join/last_call/close timeouts,
   ``keep_alive_interval`` = ``_rounds.KEEP_ALIVE``, 3 attempts), on a
@@ -292,6 +295,18 @@ class SimWatch(_NodeWatch):
             return
 
 
+def elastic_dynamic(params: Any, client: Any, place: Any, timeout: float) -> Any:
+    """phalanx's round handler over elastic's dynamic rendezvous with its
+    c10d backend on ``client``: what ``_rounds._create`` made for node 0's
+    store before the counted rounds took its place (2026-11-26), and
+    still makes for etcd."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    inner = dynamic.create_handler(client, C10dRendezvousBackend(client, place.name), params)
+    return _rounds._handler_class()(inner, client, LOOPBACK, timeout, place.describe())
+
+
 class SimNode:
     """One node's launching process, as far as the job's store sees it."""
 
@@ -329,7 +344,7 @@ class SimNode:
             local_addr=LOOPBACK,
             **configs,
         )
-        self.handler = _rounds._create(params)
+        self.handler = elastic_dynamic(params, self.client, place, cfg.timeout)
         self.handler.hosts_store = False  # only node 0's launching process hosts it
         self.desc = repr(self.handler._inner._this_node)
         self.heartbeats: list[float] = []

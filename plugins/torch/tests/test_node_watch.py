@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from counting_store import Counted
 
 from phalanx_core.launching import RankFailure, hosted_store
 from phalanx_torch import _rounds
@@ -33,40 +34,6 @@ RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueEr
 LOST_PEER = (
     'Traceback (most recent call last):\n  File "train.py", line 9\nRuntimeError: Connection reset by peer'
 )
-
-
-class Counted(dist.Store):
-    """A store that counts each call by name and hands it on."""
-
-    def __init__(self, inner: Any, counts: Counter[str]) -> None:
-        super().__init__()
-        self.inner, self.counts = inner, counts
-
-    def _count(self, name: str) -> None:
-        self.counts[name] += 1
-
-    def set(self, key: str, value: Any) -> None:
-        self._count("set")
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        self._count("get")
-        return self.inner.get(key)
-
-    def add(self, key: str, amount: int) -> int:
-        self._count("add")
-        return self.inner.add(key, amount)
-
-    def check(self, keys: list[str]) -> bool:
-        self._count("check")
-        return self.inner.check(keys)
-
-    def wait(self, keys: list[str], timeout: Any = None) -> None:
-        self._count("wait")
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
 
 
 class Node(NodeWatch):

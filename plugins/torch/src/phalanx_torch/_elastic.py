@@ -462,6 +462,7 @@ class SubprocessLauncher(Launcher):
                 "close_timeout": 30,
                 "keep_alive_interval": keep_alive_for(self.num_nodes),
                 "keep_alive_max_attempt": 3,
+                "node_rank": self.node_rank,
             },
             "local_addr": listen or None,
             "listen": listen,

@@ -60,8 +60,11 @@ class NodeWatch:
     #: the causes posted.
     POLL = 0.2
     #: Seconds of one blocking wait for the next post; the watch then waits
-    #: again (the bound lets a watch whose launch has ended leave).
-    WAIT = 30.0
+    #: again. Long: the launch's end wakes its own watch with a post, and
+    #: c10d prints two warning lines ("waitForInput: poll ... returned 0,
+    #: likely a timeout") for every wait that times out (with 30 s, two
+    #: lines every 30 s on every node of a long job).
+    WAIT = 3600.0
     #: Where no node posted a cause: how many of the first posts are read
     #: for the likeliest consequence.
     FIRST_POSTS = 8

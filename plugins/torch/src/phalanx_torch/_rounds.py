@@ -1,19 +1,22 @@
-"""Rounds of a job of several nodes that restarts: torch elastic's dynamic
-rendezvous (membership, heartbeats, ``MIN:MAX`` nodes) on a store that
-either node 0 hosts or an etcd cluster keeps, with a new store for the
-ranks of every round.
+"""Rounds of a job of several nodes that restarts: membership and
+``MIN:MAX`` nodes, on a store that either node 0 hosts (met by phalanx's
+counted rounds, :mod:`._counted_rounds`) or an etcd cluster keeps (torch
+elastic's dynamic rendezvous), with a new store for the ranks of every
+round.
 
 Used by the ``subprocess`` launcher on several nodes when the job restarts
 (``max_restarts``), changes size (``min_nodes``) or keeps its rendezvous in
 etcd; see :class:`~phalanx_torch.launchers.SubprocessLauncher`. Imports no
 torch at import time.
 
-What elastic gives as is: a round forms once ``min_nodes`` nodes have
-joined and either ``max_nodes`` have, or ``last_call`` seconds have passed
-since the ``min_nodes``-th joined; a node whose heartbeats stop for
-``3 x keep_alive`` seconds is dropped from the round it was in; a node that
-joins a running job waits, and the running nodes start a new round when
-they see it. What this module adds:
+What both give: a round forms once ``min_nodes`` nodes have joined and
+either ``max_nodes`` have, or ``last_call`` seconds have passed since the
+``min_nodes``-th joined; a node that joins a running job waits, and the
+running nodes start a new round when they see it. Elastic's dynamic
+rendezvous keeps every node, and its heartbeat, in one record rewritten
+with a compare-and-set, which does not hold for thousands of nodes
+(bench/README.md, ``rendezvous_scale.py``); on node 0's store the counted
+rounds take its place. What this module adds to either:
 
 - every round's ranks get a store of their own, made by the round's node 0
   on a port the kernel gives (torch's shared store keeps the keys of the
@@ -58,8 +61,9 @@ TIMED_OUT_HOLD = 10.0
 #: The name this module's handler is registered under in elastic.
 ELASTIC = "phalanx-elastic"
 
-#: Seconds between a node's heartbeats, up to about 500 nodes (see
-#: :func:`keep_alive_for`); a node is dropped after three missed.
+#: Seconds between a node's heartbeats in elastic's dynamic rendezvous (in
+#: etcd), up to about 500 nodes (see :func:`keep_alive_for`); a node is
+#: dropped after three missed.
 KEEP_ALIVE = 1
 
 #: The seconds one heartbeat's write of elastic's rendezvous state takes per
@@ -292,13 +296,13 @@ def _steady_backend_class() -> type:
 
 
 def _create(params: Any) -> Any:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-
     config = params.config
     place: RendezvousPlace = config["place"]
     timeout = float(config["timeout"])
     store = config.get("store") or job_store(place, host=None, timeout=timeout)
+    inner: Any
     if place.kind == "etcd":
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
         from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
 
         backend: Any = _steady_backend_class()(
@@ -306,11 +310,20 @@ def _create(params: Any) -> Any:
                 _etcd_client(place, timeout), params.run_id, key_prefix=f"/phalanx/{place.name}/rendezvous"
             )
         )
+        inner = dynamic.create_handler(store, backend, params)
     else:
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+        from ._counted_rounds import CountedRounds
 
-        backend = C10dRendezvousBackend(store, params.run_id)
-    inner = dynamic.create_handler(store, backend, params)
+        inner = CountedRounds(
+            store,
+            params.run_id,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            join_timeout=float(config.get("join_timeout", timeout)),
+            last_call=float(config.get("last_call_timeout", 3)),
+            address=params.local_addr,
+            node_rank=config.get("node_rank"),
+        )
     handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
     handler.say = config.get("say")
     handler.hosts_store = config.get("store") is not None
@@ -327,9 +340,10 @@ def _handler_class() -> type:
     )
 
     class RoundRendezvous(RendezvousHandler):
-        """Elastic's dynamic rendezvous, with a store of their own for each
-        round's ranks (hosted by the round's node 0) and the job's restart
-        count kept in the job's store."""
+        """Counted rounds (node 0's store) or elastic's dynamic rendezvous
+        (etcd), with a store of their own for each round's ranks (hosted
+        by the round's node 0) and the job's restart count kept in the
+        job's store."""
 
         #: Where lines about the wait go (the launcher sets it).
         say: Any = None
@@ -364,10 +378,19 @@ def _handler_class() -> type:
             from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousTimeoutError
 
             self._round_store = None  # the ranks of the round before are stopped
+            counted = _counted(self._inner)
             try:
                 with _unshared_store(), _saying_who_waits(self, self._timeout):
-                    info = self._inner.next_rendezvous()
+                    if counted:
+                        store, rank, world_size, address = self._inner.next_rendezvous()
+                    else:
+                        info = self._inner.next_rendezvous()
+                        store, rank, world_size = info.store, info.rank, info.world_size
+                        address = _this_address(info)
             except RendezvousTimeoutError:
+                if counted:
+                    with contextlib.suppress(Exception):  # read for the message: the store may be gone
+                        self.joined = self._inner.joined()
                 self._timed_out()
                 self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
@@ -380,18 +403,15 @@ def _handler_class() -> type:
                     node=-1,
                     address=self._place_text,
                 ) from None
-            self.round = int(self._inner._state_holder.state.round)
-            self.round_store = info.store
-            self.group_rank, self.group_world_size = info.rank, info.world_size
-            if info.rank == 0:
+            self.round = int(self._inner.round if counted else self._inner._state_holder.state.round)
+            self.round_store = store
+            self.group_rank, self.group_world_size = rank, world_size
+            if rank == 0:
                 self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
-                address = self._listen or _this_address(info)
-                info.store.set("phalanx/ranks-store", f"{address} {self._round_store.port}")
-            address, port = info.store.get("phalanx/ranks-store").decode().split()
+                store.set("phalanx/ranks-store", f"{self._listen or address} {self._round_store.port}")
+            address, port = store.get("phalanx/ranks-store").decode().split()
             MET.set()
-            return RendezvousInfo(
-                info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port))
-            )
+            return RendezvousInfo(store, rank, world_size, RendezvousStoreInfo(address, int(port)))
 
         def _timed_out(self) -> None:
             """Count this node's timeout in the job's store; on the node that
@@ -415,13 +435,13 @@ def _handler_class() -> type:
         def _never_met(self) -> Exception:
             from phalanx_core import NodeLostError
 
-            settings = self._inner.settings
+            least, most = _bounds(self._inner)
             joined = self.joined
             seconds = self._timeout.total_seconds()
             return NodeLostError(
                 f"the nodes did not meet within rendezvous_timeout={seconds:g} s: "
                 f"{len(joined)} joined ({', '.join(joined) or 'none'}), and a round needs "
-                f"{settings.min_nodes}{'' if settings.min_nodes == settings.max_nodes else ' at least'}. "
+                f"{least}{'' if least == most else ' at least'}. "
                 "A node that was lost, never started, or failed before joining is missing; start "
                 "phalanx run on it with the same --main-address / --main-port (or --rendezvous), or "
                 "let the job go on with fewer nodes (--num-nodes MIN:MAX)",
@@ -442,6 +462,8 @@ def _handler_class() -> type:
             """:meth:`num_nodes_waiting` read from the store now, not from
             elastic's copy of the state, which may be a second old (a node
             that has just asked to join is then not seen yet)."""
+            if _counted(self._inner):
+                return int(self._inner.waiting_now())
             holder = self._inner._state_holder
             if hasattr(holder, "_last_sync_time"):
                 holder._last_sync_time = -1.0
@@ -496,10 +518,25 @@ def _unshared_store() -> Any:
             os.environ[name] = saved
 
 
+def _counted(inner: Any) -> bool:
+    """Whether ``inner`` is phalanx's counted rounds (else elastic's dynamic rendezvous)."""
+    return hasattr(inner, "joined_count")
+
+
+def _bounds(inner: Any) -> tuple[int, int]:
+    """The fewest and the most nodes of a round."""
+    if _counted(inner):
+        return inner.min_nodes, inner.max_nodes
+    return inner.settings.min_nodes, inner.settings.max_nodes
+
+
 def _joined(inner: Any) -> list[str]:
     """The addresses of the nodes in the round being formed (elastic's
-    state as this node last read it); empty once this node has left it
-    (elastic leaves the round when its wait times out)."""
+    state as this node last read it; counted rounds: read from the store);
+    empty once this node has left it (elastic leaves the round when its
+    wait times out)."""
+    if _counted(inner):
+        return list(inner.joined())
     state = inner._state_holder.state
     nodes = list(state.participants) + list(state.wait_list)
     if getattr(inner, "_this_node", None) not in nodes:
@@ -516,21 +553,26 @@ def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
     start = time.monotonic()
     handler.joined = []
 
+    counted = _counted(handler._inner)
+
     def tell() -> None:
         next_say = 5.0
         while not done.wait(1.0):
+            waited = time.monotonic() - start
+            saying = handler.say is not None and waited >= next_say
+            # Counted rounds read the nodes from the store: only to say them
+            # (elastic's are its copy of the state, read every second).
             with contextlib.suppress(Exception):  # a state being replaced: read it next time
                 # The most seen: a node that gave up waiting first leaves
                 # the round, and the nodes that joined are what is said.
-                now = _joined(handler._inner)
+                now = _joined(handler._inner) if saying or not counted else handler.joined
                 if len(now) >= len(handler.joined):
                     handler.joined = now
-            waited = time.monotonic() - start
-            if handler.say is not None and waited >= next_say:
+            if saying:
                 next_say += 30.0 if next_say > 5.0 else 25.0
                 handler.say(
                     f"waiting for the nodes to meet: {len(handler.joined)} joined "
-                    f"({', '.join(handler.joined)}), a round needs {handler._inner.settings.min_nodes}; "
+                    f"({', '.join(handler.joined)}), a round needs {_bounds(handler._inner)[0]}; "
                     f"{timeout.total_seconds() - waited:.0f} s left of rendezvous_timeout"
                 )
 

@@ -1,0 +1,265 @@
+"""Rounds of nodes met by counters on the job's store: phalanx's own
+rendezvous for a job whose store node 0 hosts (``rendezvous="c10d"``).
+
+Elastic's dynamic rendezvous keeps every node of a round, and its
+heartbeat, in one pickled blob that each node rewrites with a
+compare-and-set every keep-alive interval. Its writes collide more the more
+nodes there are (``N / keep_alive x window``, the window growing with the
+blob): bench/rendezvous_scale.py measured 97 % failed writes and no round
+formed at 256 simulated nodes, and by its model a keep-alive of 54 s is
+needed at 4,096 nodes, which puts a restart after a lost node above four
+minutes. Here every request is a small one, and a node makes a fixed number
+of them per round, whatever the number of nodes:
+
+- a node joins round ``r`` with ``add("r/joined", 1)``; the number it gets
+  is its place, and it writes the node rank it would like and its address
+  under that place;
+- the node whose place reaches ``min_nodes`` (or any after it) sets
+  ``r/min``; every node waits for that key, then for ``last_call`` seconds
+  for the round to close (a node looks at one key every 0.1 s, up to 1 s
+  from 2,000 nodes: about 2,000 small reads a second at most, in all);
+- the round closes with one ``compare_set`` of ``r/closed`` to the number of
+  nodes it takes (the first writer wins, every node reads what it wrote): at
+  once by the node whose place is ``max_nodes``, else by whichever node's
+  last call ends first, with the count joined by then;
+- the node in place 1 reads what the round's nodes wrote and gives them
+  their node ranks, in the order of the ranks they would like, then of
+  their addresses: a node would like its rank of the round before (so
+  that the ranks stay where they were while the nodes do), and in its
+  first round the ``node_rank`` it was started with; every other node
+  reads its own rank (one ``get``);
+- a node whose place is above that number came late: it joins ``r + 1``,
+  and the nodes of round ``r`` see it there (``num_nodes_waiting``, one
+  small read a second) and meet it in a new round, as with elastic;
+- a node that stops waiting (its ``join_timeout`` passed) writes
+  ``abandoned`` as the round's end if nobody closed it, so that a node
+  arriving after it never forms a round with a node that has left.
+
+There is no heartbeat: a lost node does not join the next round, which
+closes without it after ``last_call`` (a node lost between joining a round
+and its close is the one case this cannot see: its ranks never start, and
+the round's ranks fail to meet it and restart without it). A waiting node
+looks at the store (``check`` of one key) rather than blocking in its
+``wait``: a ``wait`` that times out makes c10d print two warning lines, and
+a blocked client holds its connection. Imports torch only when a
+rendezvous is made.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+__all__ = ["CountedRounds"]
+
+#: Seconds between a waiting node's looks at whether the job was closed.
+JOB_CLOSED_EVERY = 1.0
+#: Seconds ``num_nodes_waiting`` keeps what it read (the agent asks every
+#: ``monitor_interval``, 0.1 s): one small read a second per node.
+WAITING_CACHE = 1.0
+#: The round's end written by a node that stopped waiting for it.
+ABANDONED = "abandoned"
+#: Where the rendezvous keeps its keys in the job's store.
+PREFIX = "phalanx/rdzv"
+
+
+class CountedRounds:
+    """The rounds of one node (see the module's text). The interface is the
+    part of elastic's ``RendezvousHandler`` that
+    :class:`~phalanx_torch._rounds` uses: ``next_rendezvous`` gives
+    ``(store of the round, node rank, number of nodes, this node's address)``
+    and raises elastic's ``RendezvousTimeoutError`` and
+    ``RendezvousClosedError``."""
+
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        *,
+        min_nodes: int,
+        max_nodes: int,
+        join_timeout: float,
+        last_call: float,
+        address: str | None = None,
+        node_rank: int | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.min_nodes = int(min_nodes)
+        self.max_nodes = int(max_nodes)
+        self.join_timeout = float(join_timeout)
+        self.last_call = float(last_call)
+        self.address = address or socket.getfqdn()
+        #: The node rank this node would like: the one it was started with,
+        #: then the one it had in the round before.
+        self.wanted = node_rank
+        #: The round this node is in (-1: none yet), and its place in the
+        #: round it is joining or in.
+        self.round = -1
+        self.place = 0
+        self._joining = -1
+        #: The rounds this node joined while it waits to meet the others.
+        self._visited: list[int] = []
+        self._waiting: tuple[float, int] | None = None
+        self._left = False
+
+    # -- keys -----------------------------------------------------------------
+
+    @staticmethod
+    def _key(round_: int, name: str) -> str:
+        return f"{PREFIX}/{round_}/{name}"
+
+    # -- a round ----------------------------------------------------------------
+
+    def next_rendezvous(self) -> tuple[Any, int, int, str]:
+        import torch.distributed as dist
+        from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousTimeoutError
+
+        deadline = time.monotonic() + self.join_timeout
+        store = self.store
+        round_ = max(self.round + 1, int(store.add(f"{PREFIX}/open", 0)))
+        self._waiting = None
+        self._visited = []
+        while True:
+            if self.is_closed():
+                raise RendezvousClosedError
+            self._joining = round_
+            self._visited.append(round_)
+            self.place = place = int(store.add(self._key(round_, "joined"), 1))
+            wanted = "-" if self.wanted is None else str(self.wanted)
+            store.set(self._key(round_, f"node/{place}"), f"{wanted} {self.address}")
+            if place >= self.min_nodes:
+                store.set(self._key(round_, "min"), "1")
+            if place == self.max_nodes:
+                self._close(round_, str(place))
+            end = self._await_end(round_, deadline)
+            if end is None:  # out of time: leave the round, unless it closed meanwhile
+                end = self._close(round_, ABANDONED)
+                store.set(self._key(round_, "min"), "1")  # the nodes waiting for it look at its end
+                if end == ABANDONED or place > int(end):
+                    raise RendezvousTimeoutError  # (what joined() reads stays the round's)
+            if end != ABANDONED and place <= int(end):
+                break
+            round_ += 1  # late, or the round was left: the next one
+        self.round, self._joining = round_, -1
+        world_size = int(end)
+        if place == 1:
+            store.set(f"{PREFIX}/open", str(round_ + 1))  # where a new node starts
+            self._give_ranks(round_, world_size)
+        rank = int(store.get(self._key(round_, f"rank/{place}")))
+        self.wanted = rank
+        round_store = dist.PrefixStore(f"{PREFIX}/{round_}/store", store)  # type: ignore[attr-defined]
+        return round_store, rank, world_size, self.address
+
+    def _give_ranks(self, round_: int, world_size: int) -> None:
+        """Node ranks for the round's nodes, in the order of the ranks they
+        would like (a node that would like none last), then of their
+        addresses, then of their places."""
+        places = range(1, world_size + 1)
+        nodes = self.store.multi_get([self._key(round_, f"node/{place}") for place in places])
+        order = []
+        for place, value in zip(places, nodes, strict=True):
+            wanted, _, address = bytes(value).decode().partition(" ")
+            order.append((int(wanted) if wanted.isdigit() else 1 << 62, address, place))
+        order.sort()
+        self.store.multi_set(
+            [self._key(round_, f"rank/{place}") for _, _, place in order], [str(r) for r in range(world_size)]
+        )
+
+    def _close(self, round_: int, value: str) -> str:
+        """Propose the round's end; what it is (the first proposal wins)."""
+        got = self.store.compare_set(self._key(round_, "closed"), "", value)
+        return bytes(got).decode()
+
+    def _await_end(self, round_: int, deadline: float) -> str | None:
+        """Wait for round ``round_`` to close; its end, or ``None`` at the deadline.
+
+        The keys are looked at every :meth:`poll` seconds, not waited for
+        with the store's ``wait``: a ``wait`` that times out makes c10d print
+        two warning lines, and a blocked one holds the client."""
+        from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+        store = self.store
+        closed, least = self._key(round_, "closed"), self._key(round_, "min")
+        # Every end of a round is written after its ``min`` key (a node that
+        # leaves writes it too), so one key is looked at each time.
+        key = least
+        last_call_ends: float | None = None
+        look_closed = time.monotonic() + JOB_CLOSED_EVERY
+        while True:
+            if store.check([key]):
+                if key == closed:
+                    return bytes(store.get(closed)).decode()
+                key, last_call_ends = closed, time.monotonic() + self.last_call
+                continue
+            now = time.monotonic()
+            if last_call_ends is not None and now >= last_call_ends:
+                joined = int(store.add(self._key(round_, "joined"), 0))
+                return self._close(round_, str(min(joined, self.max_nodes)))
+            if now >= deadline:
+                return None
+            if now >= look_closed:
+                if self.is_closed():
+                    raise RendezvousClosedError
+                look_closed = now + JOB_CLOSED_EVERY
+            time.sleep(self.poll())
+
+    def poll(self) -> float:
+        """Seconds between two looks at the round's keys: 0.1 s for a few
+        nodes, growing with the nodes so that all of them together ask the
+        store at most about 2,000 times a second (1 s from 2,000 nodes)."""
+        return min(1.0, max(0.1, self.max_nodes / 2000))
+
+    # -- what the agent asks ----------------------------------------------------
+
+    def joined(self) -> list[str]:
+        """The addresses of the nodes that joined the rounds this node joined
+        while it waits (read from the store; for messages): a node that
+        stopped waiting first left its round, and this node went on to the
+        next, but both were there. Empty where this node waits for none."""
+        if self._joining < 0:
+            return []
+        found: set[str] = set()
+        for round_ in self._visited:
+            count = int(self.store.add(self._key(round_, "joined"), 0))
+            keys = [self._key(round_, f"node/{place}") for place in range(1, count + 1)]
+            present = [key for key in keys if self.store.check([key])]
+            if present:
+                found.update(
+                    bytes(value).decode().partition(" ")[2] for value in self.store.multi_get(present)
+                )
+        return sorted(found)
+
+    def joined_count(self) -> int:
+        round_ = self._joining
+        return int(self.store.add(self._key(round_, "joined"), 0)) if round_ >= 0 else 0
+
+    def num_nodes_waiting(self) -> int:
+        """The nodes that joined the round after this node's (they wait for
+        this round's nodes to meet them): one small read a second."""
+        now = time.monotonic()
+        if self._waiting is not None and now - self._waiting[0] < WAITING_CACHE:
+            return self._waiting[1]
+        return self.waiting_now()
+
+    def waiting_now(self) -> int:
+        if self.round < 0:
+            return 0
+        count = int(self.store.add(self._key(self.round + 1, "joined"), 0))
+        self._waiting = (time.monotonic(), count)
+        return count
+
+    def is_closed(self) -> bool:
+        return bool(self.store.check([f"{PREFIX}/closed"]))
+
+    def set_closed(self) -> None:
+        self.store.set(f"{PREFIX}/closed", "1")
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    def shutdown(self) -> bool:
+        """The job ends on this node: every node waiting to meet stops too."""
+        self.set_closed()
+        return True

@@ -1,0 +1,168 @@
+"""phalanx's counted rounds (``_counted_rounds.py``) on a real TCPStore on
+loopback: nodes are threads, each with a client of its own, as each node's
+launching process has one. What the multi-node launches do with them is in
+tests/multihost/test_elastic.py and test_nodes.py."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+dist = pytest.importorskip("torch.distributed")
+
+from counting_store import Counted  # noqa: E402
+
+from phalanx_torch._counted_rounds import CountedRounds  # noqa: E402
+
+
+@pytest.fixture
+def store():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=30))
+    return server
+
+
+def client(server: Any, counts: Counter[str] | None = None) -> Any:
+    inner = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    return Counted(inner, counts) if counts is not None else inner
+
+
+def node(
+    server: Any,
+    name: str,
+    *,
+    least: int,
+    most: int,
+    timeout: float = 20.0,
+    last_call: float = 1.0,
+    counts: Counter[str] | None = None,
+    node_rank: int | None = None,
+) -> CountedRounds:
+    return CountedRounds(
+        client(server, counts),
+        "job",
+        min_nodes=least,
+        max_nodes=most,
+        join_timeout=timeout,
+        last_call=last_call,
+        address=name,
+        node_rank=node_rank,
+    )
+
+
+def meet(nodes: list[CountedRounds], delays: dict[int, float] | None = None) -> dict[int, Any]:
+    """Every node's next_rendezvous in a thread of its own: {index: (rank, world, round) or the error}."""
+    results: dict[int, Any] = {}
+
+    def run(i: int) -> None:
+        time.sleep((delays or {}).get(i, 0.0))
+        try:
+            store, rank, world, address = nodes[i].next_rendezvous()
+            store.set(f"hello/{rank}", address)  # the round's store works
+            results[i] = (rank, world, nodes[i].round)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(nodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads), "a node never left its rendezvous"
+    return results
+
+
+def test_a_full_round_closes_at_once_with_a_rank_for_each_node(store):
+    counts: Counter[str] = Counter()
+    nodes = [node(store, f"n{i}", least=3, most=4, last_call=30, counts=counts) for i in range(4)]
+    start = time.monotonic()
+    results = meet(nodes)
+    assert time.monotonic() - start < 10  # max_nodes joined: no last call (30 s) waited
+    assert sorted(r[0] for r in results.values()) == [0, 1, 2, 3]
+    assert {r[1:] for r in results.values()} == {(4, 0)}
+    # A few small requests a node, whatever the number of nodes: no state blob.
+    assert sum(counts.values()) - 4 <= 4 * 10, counts  # less meet()'s own set in the round's store
+
+
+def test_with_min_nodes_the_round_closes_after_the_last_call_and_a_late_node_waits_in_the_next(store):
+    nodes = [node(store, f"n{i}", least=2, most=3, last_call=1.0) for i in range(3)]
+    first = meet(nodes[:2])
+    assert sorted(first.values()) == [(0, 2, 0), (1, 2, 0)]
+    assert nodes[0].num_nodes_waiting() == 0
+    # The third node comes after the round closed: it joins round 1, and the
+    # nodes of round 0 see it waiting (what makes elastic's agent restart).
+    late: dict[int, Any] = {}
+    thread = threading.Thread(target=lambda: late.update(meet([nodes[2]])))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while nodes[0].waiting_now() == 0:
+        assert time.monotonic() < deadline, "the late node was never seen waiting"
+        time.sleep(0.05)
+    again = meet(nodes[:2])  # the agents restart: all three meet in round 1
+    thread.join(30)
+    assert sorted([*again.values(), *late.values()]) == [(0, 3, 1), (1, 3, 1), (2, 3, 1)]
+
+
+def test_a_node_that_restarts_meets_the_others_in_the_next_round(store):
+    nodes = [node(store, f"n{i}", least=2, most=2) for i in range(2)]
+    assert {r[2] for r in meet(nodes).values()} == {0}
+    assert {r[2] for r in meet(nodes, delays={1: 0.5}).values()} == {1}
+    assert {r[2] for r in meet(nodes, delays={0: 0.5}).values()} == {2}
+
+
+def test_too_few_nodes_time_out_and_a_node_that_comes_after_meets_none_of_them(store):
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    nodes = [node(store, f"n{i}", least=3, most=3, timeout=1.5) for i in range(2)]
+    results = meet(nodes)
+    assert all(isinstance(r, RendezvousTimeoutError) for r in results.values()), results
+    assert nodes[0].joined() == ["n0", "n1"]  # for the message: who joined
+    # Round 0 was left: a node that comes now does not close it with two
+    # nodes that are gone; it waits in a round of its own (and times out).
+    later = node(store, "n2", least=1, most=3, last_call=0.2)
+    assert meet([later]) == {0: (0, 1, 1)}
+
+
+def test_a_closed_job_stops_the_nodes_waiting_to_meet(store):
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    nodes = [node(store, f"n{i}", least=3, most=3) for i in range(3)]
+    closer = threading.Timer(0.5, nodes[2].shutdown)
+    closer.start()
+    start = time.monotonic()
+    results = meet(nodes[:2])
+    assert all(isinstance(r, RendezvousClosedError) for r in results.values()), results
+    assert time.monotonic() - start < 5  # a look (every 1 s) after the close, not the 20 s join timeout
+    assert nodes[0].is_closed()
+
+
+def test_many_nodes_form_one_round_with_a_bounded_number_of_requests_each(store):
+    counts: Counter[str] = Counter()
+    n = 48
+    nodes = [node(store, f"n{i}", least=n - 1, most=n, last_call=1.0, counts=counts) for i in range(n)]
+    start = time.monotonic()
+    results = meet(nodes)
+    took = time.monotonic() - start
+    assert sorted(r[0] for r in results.values()) == list(range(n))
+    assert {r[1] for r in results.values()} == {n}
+    # Joining and closing: a few requests a node (less meet()'s own set in
+    # the round's store); waiting: one look every poll (0.1 s here).
+    assert (sum(counts.values()) - counts["check"] - n) / n <= 6, counts
+    assert counts["check"] <= n * (took / nodes[0].poll() + 3), (counts, took)
+
+
+def test_node_ranks_follow_the_ranks_the_nodes_were_started_with_and_stay_where_they_were(store):
+    nodes = [node(store, f"n{i}", least=2, most=3, node_rank=i) for i in range(3)]
+    # Node 2 joins first, node 0 last: the ranks are still the started ones.
+    first = meet(nodes, delays={0: 0.6, 1: 0.3})
+    assert {i: r[0] for i, r in first.items()} == {0: 0, 1: 1, 2: 2}
+    # Node 1 is lost: the others keep their order (0 stays 0, 2 becomes 1),
+    # and meet again in that order whichever joins first.
+    second = meet([nodes[0], nodes[2]], delays={0: 0.3})
+    assert {i: r[:2] for i, r in second.items()} == {0: (0, 2), 1: (1, 2)}
+    third = meet([nodes[0], nodes[2]], delays={0: 0.3})
+    assert {i: r[:2] for i, r in third.items()} == {0: (0, 2), 1: (1, 2)}
