@@ -37,8 +37,10 @@ of them per round, whatever the number of nodes:
 
 There is no heartbeat: a lost node does not join the next round, which
 closes without it after ``last_call`` (a node lost between joining a round
-and its close is the one case this cannot see: its ranks never start, and
-the round's ranks fail to meet it and restart without it). A waiting node
+and its close is the one case this cannot see: the other agents wait for
+it as they exchange their ranks, up to the store's timeout, as they do
+under elastic's dynamic rendezvous for a node lost once a round is
+complete). A waiting node
 looks at the store (``check`` of one key) rather than blocking in its
 ``wait``: a ``wait`` that times out makes c10d print two warning lines, and
 a blocked client holds its connection. Imports torch only when a
