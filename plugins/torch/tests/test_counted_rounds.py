@@ -81,11 +81,15 @@ def test_a_full_round_closes_at_once_with_a_rank_for_each_node(store):
     nodes = [node(store, f"n{i}", least=3, most=4, last_call=30, counts=counts) for i in range(4)]
     start = time.monotonic()
     results = meet(nodes)
-    assert time.monotonic() - start < 10  # max_nodes joined: no last call (30 s) waited
+    took = time.monotonic() - start
+    assert took < 10  # max_nodes joined: no last call (30 s) waited
     assert sorted(r[0] for r in results.values()) == [0, 1, 2, 3]
     assert {r[1:] for r in results.values()} == {(4, 0)}
-    # A few small requests a node, whatever the number of nodes: no state blob.
-    assert sum(counts.values()) - 4 <= 4 * 10, counts  # less meet()'s own set in the round's store
+    # A few small requests a node, whatever the number of nodes (no state
+    # blob), less meet()'s own set in the round's store; and the looks at
+    # one key while the others join, one every poll.
+    assert (sum(counts.values()) - counts["check"] - 4) / 4 <= 8, counts
+    assert counts["check"] <= 4 * (took / nodes[0].poll() + 3), (counts, took)
 
 
 def test_with_min_nodes_the_round_closes_after_the_last_call_and_a_late_node_waits_in_the_next(store):
@@ -121,22 +125,24 @@ def test_too_few_nodes_time_out_and_a_node_that_comes_after_meets_none_of_them(s
     results = meet(nodes)
     assert all(isinstance(r, RendezvousTimeoutError) for r in results.values()), results
     assert nodes[0].joined() == ["n0", "n1"]  # for the message: who joined
-    # Round 0 was left: a node that comes now does not close it with two
-    # nodes that are gone; it waits in a round of its own (and times out).
+    # Round 0 was left (and round 1 too, where the node that timed out
+    # second went on to first): a node that comes now does not close a
+    # round with nodes that are gone; it meets in a round of its own.
     later = node(store, "n2", least=1, most=3, last_call=0.2)
-    assert meet([later]) == {0: (0, 1, 1)}
+    (rank, world, round_) = meet([later])[0]
+    assert (rank, world) == (0, 1) and round_ in (1, 2)
 
 
 def test_a_closed_job_stops_the_nodes_waiting_to_meet(store):
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
-    nodes = [node(store, f"n{i}", least=3, most=3) for i in range(3)]
+    nodes = [node(store, f"n{i}", least=3, most=3, timeout=60) for i in range(3)]
     closer = threading.Timer(0.5, nodes[2].shutdown)
     closer.start()
     start = time.monotonic()
     results = meet(nodes[:2])
     assert all(isinstance(r, RendezvousClosedError) for r in results.values()), results
-    assert time.monotonic() - start < 5  # a look (every 1 s) after the close, not the 20 s join timeout
+    assert time.monotonic() - start < 30  # a look (every 1 s) after the close, not the 60 s join timeout
     assert nodes[0].is_closed()
 
 
@@ -156,7 +162,9 @@ def test_many_nodes_form_one_round_with_a_bounded_number_of_requests_each(store)
 
 
 def test_node_ranks_follow_the_ranks_the_nodes_were_started_with_and_stay_where_they_were(store):
-    nodes = [node(store, f"n{i}", least=2, most=3, node_rank=i) for i in range(3)]
+    # A last call long enough that the node joining 0.6 s late is in the
+    # first round however loaded the machine (the full round closes at once).
+    nodes = [node(store, f"n{i}", least=2, most=3, node_rank=i, last_call=3.0) for i in range(3)]
     # Node 2 joins first, node 0 last: the ranks are still the started ones.
     first = meet(nodes, delays={0: 0.6, 1: 0.3})
     assert {i: r[0] for i, r in first.items()} == {0: 0, 1: 1, 2: 2}
