@@ -104,7 +104,6 @@ class CountedRounds:
         #: The rounds this node joined while it waits to meet the others.
         self._visited: list[int] = []
         self._waiting: tuple[float, int] | None = None
-        self._left = False
 
     # -- keys -----------------------------------------------------------------
 
