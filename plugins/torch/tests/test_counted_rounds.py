@@ -17,13 +17,16 @@ dist = pytest.importorskip("torch.distributed")
 
 from counting_store import Counted  # noqa: E402
 
+from phalanx_core.launching import hosted_store  # noqa: E402
 from phalanx_torch._counted_rounds import CountedRounds  # noqa: E402
 
 
 @pytest.fixture
 def store():
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=30))
-    return server
+    # On loopback only (a TCPStore server made by torch listens on every
+    # interface, and test_launchers checks that this process listens on
+    # none but loopback).
+    return hosted_store("127.0.0.1", 0, timeout=datetime.timedelta(seconds=30))
 
 
 def client(server: Any, counts: Counter[str] | None = None) -> Any:
