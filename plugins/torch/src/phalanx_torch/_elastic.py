@@ -322,27 +322,34 @@ class SubprocessLauncher(Launcher):
             watch,
             agent_class(who, self.max_restarts, node, elastic=self.elastic),
         ):
+            # A signal from the watch may come while this node handles a
+            # failure of its own ranks, before settle() tells the watch to
+            # send none (the watch read another node's post a moment
+            # earlier): it is handled as any interrupt, below, from the
+            # ranks' error files (found by the multihost loop: elastic's
+            # SignalException escaped from the handler of ChildFailedError).
             try:
-                elastic_launch(config, sys.executable)(*command)
-            except store_lost_errors() as exc:
-                if not self.elastic or self._hosts_store or self._place().kind != "c10d":
-                    raise
-                raise self._node_zero_lost(exc) from exc
-            except ChildFailedError as exc:
-                ranks, _ = self._this_node()
-                node_now = ranks[0] // self.num_processes  # in rounds, this node's rank in the last one
-                failures = failures_of(exc, node_now if self.num_nodes > 1 else None)
-                local = root_cause(failures)
                 try:
-                    first = watch.settle(local)
-                except SignalException:  # the watch's signal, sent as this node's ranks failed too
-                    first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
-                if first is not local and prefix_lines:
-                    print_elsewhere(first)
-                stopped = stopped_words(self.num_nodes)
-                raise worker_failed(
-                    "subprocess", [first, *failures], self.world_size, stopped=stopped
-                ) from exc
+                    elastic_launch(config, sys.executable)(*command)
+                except store_lost_errors() as exc:
+                    if not self.elastic or self._hosts_store or self._place().kind != "c10d":
+                        raise
+                    raise self._node_zero_lost(exc) from exc
+                except ChildFailedError as exc:
+                    ranks, _ = self._this_node()
+                    node_now = ranks[0] // self.num_processes  # in rounds, this node's rank in the last one
+                    failures = failures_of(exc, node_now if self.num_nodes > 1 else None)
+                    local = root_cause(failures)
+                    try:
+                        first = watch.settle(local)
+                    except SignalException:  # the watch's signal, sent as this node's ranks failed too
+                        first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
+                    if first is not local and prefix_lines:
+                        print_elsewhere(first)
+                    stopped = stopped_words(self.num_nodes)
+                    raise worker_failed(
+                        "subprocess", [first, *failures], self.world_size, stopped=stopped
+                    ) from exc
             except SignalException as exc:
                 if watch.interrupted_at is not None:  # another node's rank failed; the agent stopped ours
                     # This node's own ranks may have failed a moment before
@@ -371,7 +378,7 @@ class SubprocessLauncher(Launcher):
     @property
     def elastic(self) -> bool:
         """Whether the nodes meet in rounds that may restart or change size
-        (torch elastic's dynamic rendezvous, :mod:`._rounds`): on several
+        (:mod:`._rounds`): on several
         nodes with ``max_restarts``, ``min_nodes`` below ``num_nodes``, or
         a rendezvous in etcd. Else several nodes meet once, in elastic's
         static rendezvous, each with the rank it was given."""
