@@ -75,7 +75,13 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
             self._joining = False
             rounds = self._rounds()
             if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if not rounds.failed() and rounds.nodes_waiting_now():
+                # Waiting first, then failed: a node whose ranks failed
+                # counts the failure before it joins the next round, so a
+                # node seen waiting has counted it by the time it is read
+                # (read the other way round, the failure could be counted
+                # between the two reads, and the restart was taken for a
+                # join: tests/test_restarts.py, once in CI run13).
+                if rounds.nodes_waiting_now() and not rounds.failed():
                     # A node waits to join and no node saw this round fail:
                     # another node has stopped its ranks for the new round,
                     # and ours lost their peers. A change of members, not a
