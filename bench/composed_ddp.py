@@ -27,7 +27,9 @@ steps a block, the ways in rotating order each block:
 
 Printed: steps per second of each way (median of blocks), its ratio to
 ``plain`` (above 1: faster), and the loss of each model on one fixed batch
-after the same steps. Jobs: ``compressed`` (1 rank per node) with DDP and
+after the same steps; for DDP over ``compressed``, also its speed over the
+bf16 hook's paired block by block (median and quartiles: the two ran back
+to back in each block, so drift between blocks cancels). Jobs: ``compressed`` (1 rank per node) with DDP and
 FSDP; ``hierarchical`` (2 ranks per node: both levels) with DDP and FSDP.
 This prints; it asserts nothing.
 """
@@ -200,6 +202,14 @@ def report(where: str, collective: str, kind: str, per_node: int, found: dict) -
     for name, rate in rates.items():
         print(f"  {name:9s} {rate:7.2f} steps/s  ratio to plain {rate / plain:.3f}  "
               f"loss {found['loss'][name]:.5f}", flush=True)  # fmt: skip
+    if "bf16-hook" in rates:
+        # Paired by block (the two ran back to back in it), which cancels
+        # what drifts between blocks: the link, the other tenants.
+        paired = [hook / mine for mine, hook in
+                  zip(found["seconds"]["composed"], found["seconds"]["bf16-hook"], strict=True)]  # fmt: skip
+        low, middle, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        print(f"  composed / bf16-hook, paired by block: median {middle:.3f} "
+              f"(quartiles {low:.3f}-{high:.3f}, {len(paired)} blocks)", flush=True)  # fmt: skip
 
 
 def main() -> None:
