@@ -196,12 +196,37 @@ def _etcd_client(place: RendezvousPlace, timeout: float) -> Any:
         )
     except (etcd.EtcdException, OSError) as exc:  # no member answered at start
         members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
+        answered = _etcd_versions(place)
+        if answered:
+            found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
+            raise UnavailableError(
+                f"rendezvous in etcd ({place.endpoint}): {found} answered, but not on etcd's v2 API, "
+                "which this rendezvous speaks (as torch's etcd rendezvous does). Start etcd 3.4 or 3.5 "
+                "with --enable-v2; etcd 3.6 and later have no v2 API: keep an etcd 3.5 cluster for "
+                "the rendezvous, or meet on node 0's store instead (--rendezvous c10d)"
+            ) from exc
         raise UnavailableError(
             f"rendezvous in etcd ({place.endpoint}): no member of the etcd cluster answered at "
             f"{members} ({type(exc).__name__}: {exc}). Start etcd there with its v2 API "
             "(etcd --enable-v2, as Debian's etcd-server 3.4 needs), check the addresses and ports "
             "in --rendezvous, or meet on node 0's store instead (--rendezvous c10d)"
         ) from exc
+
+
+def _etcd_versions(place: RendezvousPlace) -> dict[str, str]:
+    """The members that answer etcd's ``/version`` (a request any etcd
+    answers, whichever of its APIs are on), with their versions."""
+    import json
+    import urllib.request
+
+    found = {}
+    for host, port in place.endpoints:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/version", timeout=2) as answer:
+                found[f"{host}:{port}"] = str(json.load(answer)["etcdserver"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 #: How long an etcd operation is tried again while the cluster cannot
