@@ -105,6 +105,45 @@ def test_each_rank_saves_and_loads_its_own_file(tmp_path):
         three.launch(lambda s: s.load_checkpoint(tmp_path / "ckpt"))
 
 
+def test_fewer_ranks_than_saved_are_refused_not_given_a_part(tmp_path):
+    """Rank 0 alone must not load rank-00000.pt and drop rank 1's part."""
+    two = phalanx.resolve("manual", accelerator="cpu", devices=2, launcher="fork")
+    two.launch(save_per_rank, tmp_path / "ckpt")
+    one = phalanx.resolve("manual", accelerator="cpu", devices=1, launcher="in_process")
+    with pytest.raises(MisconfigurationError) as refused:
+        one.launch(lambda s: s.load_checkpoint(tmp_path / "ckpt"))
+    message = str(refused.value)
+    assert "saved by 2 rank(s), and this job has 1" in message, message
+    assert "load it on 2 rank(s)" in message and "checkpoint_per_rank=False" in message, message
+
+
+def test_a_save_by_fewer_ranks_removes_the_files_of_a_larger_one(tmp_path):
+    """Saved by 3 ranks, then into the same directory by 2: rank-00002.pt
+    goes, so that no load ever reads it beside the newer files."""
+    path = tmp_path / "ckpt"
+    phalanx.resolve("manual", accelerator="cpu", devices=3, launcher="fork").launch(save_per_rank, path)
+    assert (path / "rank-00002.pt").is_file()
+    two = phalanx.resolve("manual", accelerator="cpu", devices=2, launcher="fork")
+    assert two.launch(save_per_rank, path) == [(0, 0.0), (1, 1.0)]
+    assert sorted(p.name for p in path.iterdir()) == [".complete", "rank-00000.pt", "rank-00001.pt"]
+    assert (path / ".complete").read_text() == "2\n"
+    three = phalanx.resolve("manual", accelerator="cpu", devices=3, launcher="fork")
+    with pytest.raises(phalanx.WorkerFailedError, match=r"saved by 2 rank\(s\), and this job has 3"):
+        three.launch(lambda s: s.load_checkpoint(path))
+
+
+def test_a_directory_without_its_mark_is_refused_as_unfinished(tmp_path):
+    path = tmp_path / "ckpt"
+    phalanx.resolve("manual", accelerator="cpu", devices=2, launcher="fork").launch(save_per_rank, path)
+    (path / ".complete").unlink()  # as a save that ended between the files and the mark leaves it
+    one = phalanx.resolve("manual", accelerator="cpu", devices=1, launcher="in_process")
+    with pytest.raises(MisconfigurationError) as refused:
+        one.launch(lambda s: s.load_checkpoint(path))
+    message = str(refused.value)
+    assert "has 2 rank file(s) but no .complete mark" in message, message
+    assert "the save did not finish" in message and str(path / ".complete") in message, message
+
+
 def test_one_file_from_rank_zero_when_asked(tmp_path):
     strategy = phalanx.resolve(
         "manual", accelerator="cpu", devices=2, launcher="fork", checkpoint_per_rank=False

@@ -237,3 +237,18 @@ def test_the_sharded_directory_read_whole_names_a_damaged_file(tmp_path, written
     data.write_bytes(data.read_bytes()[:10])
     [message] = strategy_for("single_device", 1).launch(load_one, str(copy))
     assert message is not None and f"its file {data.name!r} is truncated" in message
+
+
+def test_reading_the_sharded_directory_whole_warns_nothing(written):
+    # torch warns on every single-process load of a sharded checkpoint that
+    # it "assumes the intent is to load in a single process": that is what
+    # the torch strategies' checkpoint_io asks for, so the user sees nothing.
+    import warnings
+
+    from phalanx_torch.checkpoint_io import TorchDistributedCheckpointIO
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = TorchDistributedCheckpointIO().load(written[("fsdp-sharded", 2)][0])
+    assert state["steps"] == 3
+    assert [str(w.message) for w in caught] == []

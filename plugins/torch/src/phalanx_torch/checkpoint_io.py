@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -93,12 +94,18 @@ def read_whole(path: str | os.PathLike[str], *, weights_only: bool) -> dict[str,
         )
         put(state, path_of(metadata, flat), empty)
     try:
-        dcp_load(
-            state,
-            checkpoint_id=path,
-            planner=LoadPlanner(weights_only=weights_only, allow_partial_load=False, path=os.fspath(path)),
-            no_dist=True,
-        )
+        with warnings.catch_warnings():
+            # torch warns on every no_dist load that it assumes one process:
+            # here that is what was asked for.
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp_load(
+                state,
+                checkpoint_id=path,
+                planner=LoadPlanner(
+                    weights_only=weights_only, allow_partial_load=False, path=os.fspath(path)
+                ),
+                no_dist=True,
+            )
     except CheckpointException as exc:
         check_shard_files(path, metadata, contents=True, cause=exc)
         failures = "; ".join(first_line(error) for error, _ in exc.failures.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -296,6 +296,11 @@ class ManualStrategy(TorchGroupStrategy):
         mark = Path(path) / COMPLETE_MARK
         if self.is_global_zero:
             mark.unlink(missing_ok=True)  # not complete until every new file is there
+            # The files of an earlier save by more ranks go: a load on that
+            # many ranks would otherwise read old files beside new ones.
+            for old in _rank_files(Path(path)):
+                if _rank_of(old) >= self.world_size:
+                    old.unlink(missing_ok=True)
         if self.world_size > 1:
             self.barrier()
         self.checkpoint_io.save(self._to_state(state), self.rank_checkpoint_path(path))
@@ -304,6 +309,8 @@ class ManualStrategy(TorchGroupStrategy):
         if self.is_global_zero:
             write_whole(mark, f"{self.world_size}\n".encode())
             fsync_directory(path)
+        if self.world_size > 1:
+            self.barrier()  # on every rank, the save is whole when it returns
         return SaveHandle.finished(path)
 
     def load_checkpoint(
@@ -316,6 +323,7 @@ class ManualStrategy(TorchGroupStrategy):
     ) -> dict[str, Any]:
         if not self.checkpoint_per_rank or Path(path).is_file():
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        self._check_ranks_saved(Path(path))
         mine = self.rank_checkpoint_path(path)
         if not mine.is_file():
             found = sorted(p.name for p in Path(path).glob("rank-*.pt")) if Path(path).is_dir() else []
@@ -329,3 +337,48 @@ class ManualStrategy(TorchGroupStrategy):
                 )
             )
         return super().load_checkpoint(mine, state, strict=strict, weights_only=weights_only)
+
+    def _check_ranks_saved(self, path: Path) -> None:
+        """Refuse a directory of per-rank files that was not saved whole
+        (no mark) or was saved by another number of ranks: each rank's file
+        holds that rank's part of your parallelism, which phalanx cannot
+        split or join, so loading on fewer ranks would drop parts and on
+        more would have none for some."""
+        if not path.is_dir():
+            return  # the missing file's own error follows
+        shown = os.fspath(path)
+        try:
+            saved_by = int((path / COMPLETE_MARK).read_text().strip())
+        except FileNotFoundError:
+            found = len(list(_rank_files(path)))
+            raise MisconfigurationError(
+                f"load_checkpoint({shown!r}): the directory has {found} rank file(s) but no "
+                f"{COMPLETE_MARK} mark, which strategy 'manual' writes once every rank's file is "
+                "whole: the save did not finish (load an earlier checkpoint), or was made before "
+                f"phalanx marked its saves (if you know every file is whole, write the number of "
+                f"ranks that saved it into {os.path.join(shown, COMPLETE_MARK)})"
+            ) from None
+        except ValueError:
+            raise MisconfigurationError(
+                f"load_checkpoint({shown!r}): its {COMPLETE_MARK} mark does not hold a number of "
+                "ranks; it was not written by strategy 'manual'"
+            ) from None
+        if saved_by != self.world_size:
+            raise MisconfigurationError(
+                f"load_checkpoint({shown!r}): saved by {saved_by} rank(s), and this job has "
+                f"{self.world_size}. With strategy 'manual' each rank's file (rank-00000.pt ...) "
+                "holds its rank's part of your own parallelism, which phalanx cannot split or join: "
+                f"load it on {saved_by} rank(s), or save with checkpoint_per_rank=False (one file "
+                "from rank 0) the state that every rank holds alike"
+            )
+
+
+def _rank_files(path: Path) -> Iterator[Path]:
+    """The per-rank files of a 'manual' checkpoint directory."""
+    return (p for p in path.glob("rank-*.pt") if _rank_of(p) >= 0)
+
+
+def _rank_of(path: Path) -> int:
+    """The rank of ``rank-00003.pt`` (3), or -1 for another name."""
+    digits = path.name[len("rank-") : -len(".pt")]
+    return int(digits) if digits.isdigit() else -1
