@@ -177,3 +177,40 @@ def test_node_ranks_follow_the_ranks_the_nodes_were_started_with_and_stay_where_
     assert {i: r[:2] for i, r in second.items()} == {0: (0, 2), 1: (1, 2)}
     third = meet([nodes[0], nodes[2]], delays={0: 0.3})
     assert {i: r[:2] for i, r in third.items()} == {0: (0, 2), 1: (1, 2)}
+
+
+class _SlowToCount:
+    """A node's client whose add to the job's restart count reaches the
+    store ``delay`` seconds late (as on a loaded host)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner, self._delay = inner, delay
+
+    def add(self, key: str, amount: int) -> int:
+        if key == "phalanx/restarts" and amount:
+            time.sleep(self._delay)
+        return int(self._inner.add(key, amount))
+
+
+def test_a_rounds_failure_is_counted_once_and_read_the_same_on_every_node(store):
+    """Two nodes see round 0 fail: the one that counts it is slow to add to
+    the job's count; the other must still read the count with this
+    failure in it (read too soon, a job out of restarts restarted once more)."""
+    from phalanx_torch._rounds import _handler_class
+
+    handlers = []
+    for slow in (True, False):
+        job = client(store)
+        handler = _handler_class()(None, _SlowToCount(job, 1.0) if slow else job, "", 30.0)
+        handler.round_store = dist.PrefixStore("round-0", client(store))
+        handlers.append(handler)
+    counts: dict[str, int] = {}
+    first = threading.Thread(target=lambda: counts.setdefault("slow", handlers[0].count_failure()))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not handlers[1].failed() and time.monotonic() < deadline:  # the slow node took the count
+        time.sleep(0.01)
+    counts["other"] = handlers[1].count_failure()
+    first.join(10)
+    assert counts == {"slow": 1, "other": 1}
+    assert handlers[1].restarts() == 1  # counted once

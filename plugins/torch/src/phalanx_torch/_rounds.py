@@ -229,6 +229,11 @@ def _etcd_versions(place: RendezvousPlace) -> dict[str, str]:
     return found
 
 
+#: Seconds a node waits for the node that counts a round's failure to say
+#: the job's count (two store requests away; it is gone if it takes this).
+COUNT_WAIT = 10.0
+
+
 #: How long an etcd operation is tried again while the cluster cannot
 #: answer (a member lost, a new leader being elected: a few seconds).
 ETCD_PATIENCE = 60.0
@@ -479,9 +484,21 @@ def _handler_class() -> type:
             reports it first); the job's restarts so far, this one included."""
             if self.round_store is None:
                 return 0
+            counted = "phalanx/restarts-counted"
             if self.round_store.add("phalanx/failed", 1) == 1:
-                self.job_store.add("phalanx/restarts", 1)
-            return int(self.job_store.add("phalanx/restarts", 0))
+                restarts = int(self.job_store.add("phalanx/restarts", 1))
+                self.round_store.set(counted, str(restarts))
+                return restarts
+            # Another node counts it: read the count it made, not the job's
+            # count, which its add may not have reached yet (read too soon,
+            # this round's failure was missed, and a job out of restarts
+            # restarted once more: the multihost loop, once).
+            deadline = time.monotonic() + COUNT_WAIT
+            while not self.round_store.check([counted]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if self.round_store.check([counted]):
+                return int(self.round_store.get(counted))
+            return int(self.job_store.add("phalanx/restarts", 0))  # the counting node is gone
 
         def nodes_waiting_now(self) -> int:
             """:meth:`num_nodes_waiting` read from the store now, not from
