@@ -118,3 +118,25 @@ def test_a_decision_made_every_ranks_with_broadcast_or_a_reduction_steers_every_
         (True, True),
     ]
     assert (tmp_path / "best.pt").is_file()
+
+
+def test_a_rank_late_to_its_set_up_is_named_by_the_first_to_arrive():
+    """A rank that has not reached its set-up (sleeping before launch())
+    holds the others at the set-up: the first rank there names it every
+    report interval instead of waiting in silence."""
+    script = str(Path(SCRIPT).parent / "late_setup.py")
+    done = run(
+        [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2",
+         "--hang-report", "2", script, "7"]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = re.findall(
+        r"\[rank0\]: phalanx: rank 0 of 2 has waited (\d+) s at set-up for 1 rank\(s\) that have not "
+        r"reached it: rank 1\. They are still before their strategy's set-up \(in their imports, reading "
+        r"data, sleeping, or stuck\)\. The set-up fails at 1800 s",
+        done.stderr,
+    )
+    # Every 2 s while rank 1 sleeps 7 s (a second later at most, if loaded).
+    waited = [int(s) for s in said]
+    assert len(waited) >= 2 and 2 <= waited[0] <= 3 and waited == sorted(set(waited)), done.stderr
+    assert "[rank1]: phalanx:" not in done.stderr, done.stderr

@@ -171,6 +171,11 @@ class Collective(ABC):
     #: Set by a collective whose ``setup`` compared :attr:`plan_facts`
     #: across the nodes itself.
     plan_checked: bool = False
+    #: Seconds a collective whose ``setup`` waits for every rank to arrive
+    #: lets pass before it says which ranks have not (and again each time
+    #: as long); set by the strategy before :meth:`setup` (its
+    #: ``hang_report``). ``inf``: it waits without a word.
+    arrival_report: float = float("inf")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

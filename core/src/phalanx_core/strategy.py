@@ -353,6 +353,7 @@ class Strategy(CollectiveCalls):
             self._use_deterministic_algorithms()
         self.accelerator.setup_device(self.root_device)
         self.collective.plan_facts = self.plan_facts()
+        self.collective.arrival_report = self.hang_report
         self.collective.setup(self.environment, self.accelerator)
         if self.collective.world_size > 1 and not self.collective.plan_checked:
             self._check_plan_across_nodes()

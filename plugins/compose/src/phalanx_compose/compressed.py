@@ -118,6 +118,7 @@ class CompressedCollective(Collective):
 
     def setup(self, environment: ClusterEnvironment, accelerator: Accelerator | None = None) -> None:
         self.inner.plan_facts = self.plan_facts
+        self.inner.arrival_report = self.arrival_report
         self.inner.setup(environment, accelerator)
         self.plan_checked = self.inner.plan_checked
 

@@ -125,6 +125,7 @@ class HierarchicalCollective(Collective):
         node's group over intra and this local rank's group over inter
         (every rank makes every group, as subgroups are made)."""
         self.intra.plan_facts = self.plan_facts
+        self.intra.arrival_report = self.inter.arrival_report = self.arrival_report
         self.intra.setup(environment, accelerator)
         self.plan_checked = self.intra.plan_checked
         self.inter.setup(environment, accelerator)

@@ -139,7 +139,7 @@ class TorchCollective(Collective):
                 # store: a fresh prefix keeps it from reading the last one's keys.
                 self._prefix = f"phalanx/{next(_SETUPS)}"
                 if size > 1:
-                    _await_arrivals(store, self._prefix, rank, size, timeout)
+                    _await_arrivals(store, self._prefix, rank, size, timeout, self.arrival_report)
                 if self.plan_facts is not None and size > 1:
                     seen_as = self._check_plan(store, environment, backend, network)
                     if network is not None and network.interface is None and seen_as:
@@ -587,10 +587,67 @@ _REDUCE_OPS = {
 ARRIVAL_WAIT = 120.0
 
 
-def _await_arrivals(store: Any, prefix: str, rank: int, size: int, timeout: datetime.timedelta) -> None:
+def _await_arrivals(
+    store: Any,
+    prefix: str,
+    rank: int,
+    size: int,
+    timeout: datetime.timedelta,
+    report_after: float = float("inf"),
+) -> None:
     """Wait until every rank has reached set-up (up to ``ARRIVAL_WAIT`` s,
     or the collective's timeout where that is longer), so that the group's
-    own connections, bounded by the collective's timeout, start together."""
-    wait = datetime.timedelta(seconds=max(ARRIVAL_WAIT, timeout.total_seconds()))
-    store.set(f"{prefix}/arrived/{rank}", "1")
-    store.wait([f"{prefix}/arrived/{r}" for r in range(size)], wait)
+    own connections, bounded by the collective's timeout, start together.
+
+    Each rank counts itself in; the last one marks the set-up whole, which
+    the others wait for in one blocking wait. The first to arrive instead
+    looks every 0.2 s (at first sooner), so that it can say, every
+    ``report_after`` seconds (the strategy's ``hang_report``), which ranks
+    have not arrived: a rank stuck before its set-up (in its imports, its
+    data, a sleep) is named, not waited for in silence. A blocking wait that
+    times out would not do: c10d prints two warning lines each time."""
+    wait = max(ARRIVAL_WAIT, timeout.total_seconds())
+    arrived = [f"{prefix}/arrived/{r}" for r in range(size)]
+    whole = f"{prefix}/arrived/all"
+    store.set(arrived[rank], "1")
+    place = int(store.add(f"{prefix}/arrivals", 1))
+    if place == size:
+        store.set(whole, "1")
+        return
+    if place != 1 or report_after >= wait:
+        store.wait([whole], datetime.timedelta(seconds=wait))
+        return
+    start = time.monotonic()
+    report_at = start + report_after
+    pause = 0.005
+    while not store.check([whole]):
+        now = time.monotonic()
+        if now - start >= wait:
+            store.wait([whole], datetime.timedelta(seconds=0.001))  # c10d's own timeout error
+        if now >= report_at:
+            missing = [r for r in range(size) if not store.check([arrived[r]])]
+            _say(
+                f"phalanx: rank {rank} of {size} has waited {now - start:.0f} s at set-up for "
+                f"{len(missing)} rank(s) that have not reached it: {_ranks_text(missing)}. They are "
+                "still before their strategy's set-up (in their imports, reading data, sleeping, "
+                "or stuck). The set-up fails at "
+                f"{wait:g} s (the larger of {ARRIVAL_WAIT:g} s and the collective's timeout)."
+            )
+            report_at += report_after
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``ranks 1, 2, 5`` (the first 16, then how many more)."""
+    shown = ", ".join(str(r) for r in ranks[:16])
+    more = f" and {len(ranks) - 16} more" if len(ranks) > 16 else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
+
+
+def _say(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed stream: nobody to tell
+        pass
