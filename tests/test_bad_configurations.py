@@ -85,6 +85,16 @@ TABLE = [
     ),
     ("unknown-precision", {"precision": "bf17-mixed"}, N, ["unknown precision", "bf16-mixed"]),
     ("unknown-collective", {"collective": "nccl2"}, N, ["unknown collective 'nccl2'", "torch"]),
+    (
+        "backend-as-collective",
+        {"strategy": "ddp", "devices": 2, "collective": "gloo"},
+        N,
+        [
+            "collective 'gloo' is not a collective of its own: collective 'torch' speaks it, with "
+            "backend='gloo': resolve(..., collective='torch', backend='gloo') (phalanx run: --collective "
+            "torch -o backend=gloo)"
+        ],
+    ),
     ("unknown-launcher", {"launcher": "rocket"}, N, ["unknown launcher 'rocket'", "spawn"]),
     ("unknown-environment", {"environment": "mars"}, N, ["unknown environment 'mars'", "slurm"]),
     # flags of the wrong type
@@ -213,6 +223,12 @@ TABLE = [
         ["find_unused_parameters=True is taken by no part", "strategy 'manual' takes"],
     ),
     ("misspelt-option", {**DDP2, "find_unused": True}, M, ["find_unused=True", "find_unused_parameters"]),
+    (
+        "misspelt-option-guessed",
+        {**DDP2, "find_unused_parametres": True},
+        M,
+        ["Did you mean 'find_unused_parameters', an option of strategy 'ddp'?"],
+    ),
     ("deterministic-int", {"deterministic": 1}, M, ["deterministic=1", "True", "'warn'"]),
     ("restarts-negative", {**DDP2, "max_restarts": -1}, M, ["max_restarts=-1", "at least 0"]),
     ("timeout-negative", {**DDP2, "timeout": -5}, M, ["timeout=-5"]),

@@ -170,7 +170,8 @@ def test_impossible_combinations_are_refused_before_building(registry):
 def test_unknown_strategy_options_are_refused(registry):
     with pytest.raises(
         MisconfigurationError,
-        match=r"option find_unused=True is taken by no part of this plan \(.*collective 'single_device' takes timeout",
+        match=r"option find_unused=True is taken by no part of this plan\. What each part takes: .*collective "
+        r"'single_device' takes timeout",
     ):
         registry.resolve("single_device", accelerator="cpu", find_unused=True)
 

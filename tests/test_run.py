@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
         env.pop(name, None)
@@ -27,7 +27,7 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=timeout,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
     )
 
 
@@ -162,6 +162,28 @@ def test_a_missing_script_is_refused_before_any_rank_starts():
     assert done.returncode == 1
     assert done.stderr.startswith("phalanx run: error: no script at 'no_such_script.py' (from ")
     assert "[rank" not in done.stderr
+
+
+def test_a_missing_module_is_refused_before_any_rank_starts():
+    done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "-m", "no_such_module.train")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "phalanx run: error: -m no_such_module.train: no module 'no_such_module' on the path the ranks "
+        "search (the working directory "
+    ), done.stderr
+    assert "[rank" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_module_in_the_working_directory_runs_on_every_rank(tmp_path):
+    (tmp_path / "job_module.py").write_text(
+        "import phalanx\nprint('rank', phalanx.resolve().launch(lambda s: s.global_rank))\n"
+    )
+    done = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "-m", "job_module", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    # Under phalanx run, launch() returns this rank's result in its place.
+    assert "[rank0]: rank [0, None]" in done.stdout and "[rank1]: rank [None, 1]" in done.stdout, done.stdout
 
 
 def test_strategy_options_on_the_command_line_reach_resolve_and_the_script_reads_the_plan():

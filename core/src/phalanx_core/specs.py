@@ -184,13 +184,19 @@ class CollectiveSpec(Spec):
             names each and its default (``{"inner": "torch"}``): ``phalanx
             explain`` shows each part and its package, chosen as
             ``collective=`` would be, without importing anything.
+        variants: names of what this collective speaks that users type as
+            a collective (c10d's ``"gloo"``), mapped to the options that
+            choose it (``{"backend": "gloo"}``). They do not resolve:
+            asking for one is an error that names the call to make instead.
     """
 
     kind: ClassVar[Kind] = Kind.COLLECTIVE
     parts: Mapping[str, str] = field(default_factory=dict)
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _freeze_variants(self)
         if not isinstance(self.parts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.parts.items()
         ):
@@ -245,14 +251,7 @@ class StrategySpec(Spec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.variants, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, Mapping) for k, v in self.variants.items()
-        ):
-            raise ValueError(
-                f"StrategySpec {self.name!r}: variants must map names to the resolve() keywords they "
-                f"stand for, got {self.variants!r}"
-            )
-        object.__setattr__(self, "variants", _freeze({k: _freeze(v) for k, v in self.variants.items()}))
+        _freeze_variants(self)
         object.__setattr__(self, "accelerators", tuple(self.accelerators))
         if not isinstance(self.traffic, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.traffic.items()
@@ -277,3 +276,15 @@ SPEC_TYPES: dict[Kind, type[Spec]] = {
     Kind.PRECISION: PrecisionSpec,
     Kind.STRATEGY: StrategySpec,
 }
+
+
+def _freeze_variants(spec: Any) -> None:
+    """Check and freeze a spec's ``variants`` (name -> resolve() keywords)."""
+    if not isinstance(spec.variants, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in spec.variants.items()
+    ):
+        raise ValueError(
+            f"{type(spec).__name__} {spec.name!r}: variants must map names to the resolve() keywords "
+            f"they stand for, got {spec.variants!r}"
+        )
+    object.__setattr__(spec, "variants", _freeze({k: _freeze(v) for k, v in spec.variants.items()}))

@@ -17,6 +17,7 @@ from ._entry import Catalog, Entry
 from ._flags import INTERFACES
 from ._plan import Choice, Plan
 from ._resolve import _check_external_world, _external_world
+from ._similar import close_matches as _close_matches
 
 __all__ = ["build"]
 
@@ -115,9 +116,14 @@ def _route(
                 f"{kind} {targets[kind][0].name!r} takes {', '.join(sorted(names)) or 'none'}"  # type: ignore[index]
                 for kind, names in takes.items()
             )
+            close = _close_matches(key, {name for names in takes.values() for name in names}, n=1)
+            guess = ""
+            if close:
+                owner = next(kind for kind, names in takes.items() if close[0] in names)
+                guess = f" Did you mean {close[0]!r}, an option of {owner} {targets[owner][0].name!r}?"  # type: ignore[index]
             raise MisconfigurationError(
-                f"option {key}={value!r} is taken by no part of this plan ({accepted_by}). Check "
-                "the spelling, or pass a ready instance of the part that should get it"
+                f"option {key}={value!r} is taken by no part of this plan.{guess} What each part takes: "
+                f"{accepted_by}. Check the spelling, or pass a ready instance of the part that should get it"
             )
         raise MisconfigurationError(
             f"option {key}={value!r} is taken by more than one part: "

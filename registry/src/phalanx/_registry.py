@@ -27,6 +27,7 @@ from ._discovery import (
 )
 from ._entry import RUNTIME, Entry
 from ._plan import Plan
+from ._similar import close_matches as _close_matches
 
 if TYPE_CHECKING:
     from phalanx_core import Strategy
@@ -255,16 +256,24 @@ class Registry:
 
     def _unknown_message(self, kind: Kind, name: str) -> str:
         names = self.names(kind)
-        for entry in self._all[kind] if kind is Kind.STRATEGY else ():
+        for entry in self._all[kind] if kind in (Kind.STRATEGY, Kind.COLLECTIVE) else ():
             variants = {k.lower(): v for k, v in getattr(entry.spec, "variants", {}).items()}
             options = variants.get(name.lower())
-            if options is not None:
-                keywords = ", ".join(f"{k}={v!r}" for k, v in options.items())
+            if options is None:
+                continue
+            keywords = ", ".join(f"{k}={v!r}" for k, v in options.items())
+            if kind is Kind.COLLECTIVE:
+                flags = " ".join(f"-o {k}={v}" for k, v in options.items())
                 return (
-                    f"{kind} {name!r} is another library's name (Fabric's) for strategy {entry.name!r} with "
-                    f"{keywords}; phalanx names the strategy and its options apart: "
-                    f"resolve({entry.name!r}, {keywords})"
+                    f"collective {name!r} is not a collective of its own: collective {entry.name!r} "
+                    f"speaks it, with {keywords}: resolve(..., collective={entry.name!r}, {keywords}) "
+                    f"(phalanx run: --collective {entry.name} {flags})"
                 )
+            return (
+                f"{kind} {name!r} is another library's name (Fabric's) for strategy {entry.name!r} with "
+                f"{keywords}; phalanx names the strategy and its options apart: "
+                f"resolve({entry.name!r}, {keywords})"
+            )
         same_letters = [n for n in names if n.lower() == name.lower()]
         close = same_letters or _close_matches(name.lower(), names, n=3)
         parts = [f"unknown {kind} {name!r}."]
@@ -347,10 +356,3 @@ class Registry:
     def __repr__(self) -> str:
         counts = ", ".join(f"{len(self._all[k])} {k}" for k in Kind)
         return f"Registry({len(self.plugins)} plugins: {counts})"
-
-
-def _close_matches(word: str, candidates: Iterable[str], n: int) -> list[str]:
-    """difflib's close matches, imported when a name was mistyped (not on every listing)."""
-    import difflib
-
-    return difflib.get_close_matches(word, list(candidates), n=n)

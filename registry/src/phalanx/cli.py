@@ -298,6 +298,26 @@ def _give_option(options: dict[str, Any], name: str, value: Any, flag: str) -> N
     options[name] = value
 
 
+def _check_module(module: str) -> None:
+    """Refuse ``-m MODULE`` whose top-level package no rank would find (on
+    ``sys.path``, with the working directory first, as ``python -m`` puts
+    it), before any rank starts. Nothing is imported: a package's
+    submodules are the ranks' to find."""
+    from importlib.machinery import PathFinder
+
+    top = module.partition(".")[0]
+    if not top.isidentifier() or (
+        top not in sys.builtin_module_names and PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None
+    ):
+        from phalanx_core.errors import MisconfigurationError
+
+        raise MisconfigurationError(
+            f"-m {module}: no module {top!r} on the path the ranks search (the working directory "
+            f"{os.getcwd()}, then PYTHONPATH and this Python's site-packages); check the name, run from "
+            "the directory that holds it, or install its package"
+        )
+
+
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     if not args.module and not os.path.isfile(args.script):
         from phalanx_core.errors import MisconfigurationError
@@ -306,6 +326,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             f"no script at {args.script!r} (from {os.getcwd()}); give the path of a Python file, "
             "or -m MODULE for a module"
         )
+    if args.module:
+        _check_module(args.script)
     given: dict[str, Any] = {
         name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None
     }

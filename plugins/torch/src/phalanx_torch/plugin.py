@@ -125,6 +125,7 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             priority=10,
             needs=_NEEDS,
             install=_INSTALL,
+            variants={backend: {"backend": backend} for backend in ("gloo", "nccl", "xccl", "ucc")},
         ),
         CollectiveSpec(
             name="single_device",
