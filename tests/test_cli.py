@@ -76,6 +76,16 @@ def test_a_plugin_filter_that_matches_no_plugin_says_so(monkeypatch):
         phalanx.Registry().get("strategy", "ddp")
 
 
+def test_plugins_left_out_by_a_filter_share_one_line(monkeypatch):
+    monkeypatch.setenv("PHALANX_PLUGINS", "torch")
+    code, out = run("list")
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("disabled")]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("disabled (not in PHALANX_PLUGINS=torch): '"), lines
+    assert "'compose' (phalanx-compose " in lines[0], lines
+
+
 def test_list_shows_failed_plugins(phalanx_distribution):
     phalanx_distribution(
         "phalanx-broken",

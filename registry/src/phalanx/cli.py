@@ -144,10 +144,17 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
                 file=out,
             )
     problems = [p for p in registry.plugins if p.status != "loaded"]
+    # Plugins disabled for one reason (not in PHALANX_PLUGINS) share a line.
+    disabled: dict[str, list[str]] = {}
     for p in problems:
+        if p.status == "disabled":
+            disabled.setdefault(str(p.error), []).append(str(p.provider))
+            continue
         print(f"\n{p.status}: {p.provider}: {p.error}", file=out)
         if args.verbose and p.traceback:
             print(p.traceback.rstrip(), file=out)
+    for why, providers in disabled.items():
+        print(f"\ndisabled ({why}): {', '.join(providers)}", file=out)
     if any(p.status == "failed" for p in problems) and not args.verbose:
         print("\n(run `phalanx list --verbose` for the tracebacks)", file=out)
     return 0
