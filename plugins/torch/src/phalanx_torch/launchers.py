@@ -233,6 +233,13 @@ class MultiprocessingLauncher(Launcher):
         common = {**listen_variables(LOOPBACK), **one_thread(size)}
         procs: list[BaseProcess] = []
         conns: list[Connection] = []
+        # No rank connects to the store before the last one is started: the
+        # store's thread takes glibc's resolver lock for each connection
+        # (c10d names the peer with getnameinfo), and a rank forked while
+        # it holds that lock inherits it held, and hangs in its own first
+        # connection, for good (seen in CI: a third forked rank in
+        # getnameinfo, the other two waiting for it at set-up).
+        go = ctx.Event()
         try:
             for rank in range(size):
                 env = {
@@ -246,7 +253,7 @@ class MultiprocessingLauncher(Launcher):
                 conns.append(reader)
                 proc = ctx.Process(
                     target=_mp_rank,
-                    args=(env, os.getpid(), writer, fn, args, kwargs, self.start_method),
+                    args=(env, os.getpid(), writer, fn, args, kwargs, self.start_method, go),
                     name=f"phalanx-rank-{rank}",
                 )
                 try:
@@ -261,6 +268,7 @@ class MultiprocessingLauncher(Launcher):
                 finally:
                     writer.close()
                 procs.append(proc)
+            go.set()
             results, failures, died_late = _collect(procs, conns)
             if failures:
                 stop_processes(procs, spare={f.rank for f in failures})
@@ -288,14 +296,17 @@ def _mp_rank(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     start_method: str,
+    go: Any,
 ) -> None:
     """A rank of a spawn/fork launch: report fn's result, or its traceback,
     to the launching process through ``conn``. A forked rank computes with
-    one intra-op thread (see below)."""
+    one intra-op thread (see below). ``go``: set once every rank is
+    started (see the launch)."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # its own group: stopping it stops what it starts
     die_with_parent(parent)
     conn.send_bytes(_STARTED)  # past spawn's import of the main script
+    go.wait()
     os.environ.update(env)
     if start_method == "fork" or env.get("OMP_NUM_THREADS") == "1":
         # libgomp (torch's OpenMP) cannot run a parallel region in a child
