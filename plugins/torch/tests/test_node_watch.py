@@ -40,7 +40,9 @@ class Node(NodeWatch):
     """One node's watch, whose interrupt records the time instead of
     sending SIGTERM to this process."""
 
-    def __init__(self, port: int, index: int, num_nodes: int, counts: Counter[str]) -> None:
+    def __init__(
+        self, port: int, index: int, num_nodes: int, counts: Counter[str], *, hosts_store: bool = False
+    ) -> None:
         self.clients: list[Any] = []
 
         def connect() -> Any:
@@ -50,7 +52,7 @@ class Node(NodeWatch):
             self.clients.append(counted)
             return counted
 
-        super().__init__(connect, index, num_nodes, hosts_store=False)
+        super().__init__(connect, index, num_nodes, hosts_store=hosts_store)
         self.me = f"node{index}"
         self.stopped_at: float | None = None
 
@@ -65,8 +67,11 @@ def store() -> Any:
     return hosted_store("127.0.0.1", 0)
 
 
-def _watching(store: Any, count: int, counts: Counter[str]) -> list[Node]:
-    nodes = [Node(store.port, i, count, counts) for i in range(count)]
+def _watching(store: Any, count: int, counts: Counter[str], *, host: int | None = None) -> list[Node]:
+    """``count`` nodes watching; node ``host`` (if any) as the one whose
+    process hosts the store (it waits for the others to read before it
+    leaves)."""
+    nodes = [Node(store.port, i, count, counts, hosts_store=i == host) for i in range(count)]
     for node in nodes:
         node.__enter__()
     _rounds.MET.set()  # every node has met the others
@@ -155,6 +160,74 @@ def test_with_no_cause_posted_the_nodes_name_a_lost_peer_after_the_hold(store, m
         # Every node names one of the lost-peer failures (all alike: the
         # earliest of those it read).
         assert len(named) == 3 and all(f.traceback == LOST_PEER for f in named.values())
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+
+
+def _settle_aside(node: Node, text: str, named: dict[int, RankFailure], order: list[int]) -> None:
+    """``node`` settles a failure in a thread of its own; what it names
+    goes into ``named``, and the node into ``order`` as its settle() returns."""
+
+    def settle() -> None:
+        named[node.node_rank] = node.settle(_failure(node.node_rank, text))
+        order.append(node.node_rank)
+
+    threading.Thread(target=settle).start()
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_the_store_host_waits_for_the_node_that_lost_its_peer_to_read_the_cause(store):
+    # Node 1's rank lost its peer and its node posted that first; node 1
+    # then looks for a cause only every second. Node 0's watch reads node
+    # 1's post, and node 0 settles the cause: node 0 hosts the store and
+    # must not leave (its store with it) before node 1 has read the cause,
+    # whatever its own watch did meanwhile (it used to count itself done).
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 2, counts, host=0)
+    nodes[1].POLL = 1.0
+    try:
+        named: dict[int, RankFailure] = {}
+        order: list[int] = []
+        _settle_aside(nodes[1], LOST_PEER, named, order)
+        _until(lambda: nodes[0].remote is not None, "node 0's watch never read node 1's post")
+        _settle_aside(nodes[0], RAISED, named, order)
+        _until(lambda: len(named) == 2, "a node never settled")
+        assert {i: f.rank for i, f in named.items()} == {0: 0, 1: 0}
+        assert order[0] == 1, "node 0 left before node 1 had read its cause"
+    finally:
+        for node in nodes:
+            node.__exit__(None, None, None)
+
+
+def test_each_node_counts_once_among_those_done_reading(store):
+    # Node 1's watch reads node 0's cause and says node 1 is done; node 1's
+    # own lost-peer failure, settled after, must not count node 1 again:
+    # two counts from one node let node 0 leave before node 2 (slow to
+    # look) had read the cause.
+    counts: Counter[str] = Counter()
+    nodes = _watching(store, 3, counts, host=0)
+    nodes[2].POLL = 1.0
+    try:
+        named: dict[int, RankFailure] = {}
+        order: list[int] = []
+        _settle_aside(nodes[2], LOST_PEER, named, order)
+        _until(lambda: nodes[2]._stop.is_set(), "node 2 never began to settle")
+        _settle_aside(nodes[0], RAISED, named, order)
+        _until(
+            lambda: nodes[1].remote is not None and nodes[1]._said_done, "node 1's watch never read the cause"
+        )
+        _settle_aside(nodes[1], LOST_PEER, named, order)
+        _until(lambda: len(named) == 3, "a node never settled")
+        assert {i: f.rank for i, f in named.items()} == {0: 0, 1: 0, 2: 0}
+        assert order.index(2) < order.index(0), "node 0 left before node 2 had read its cause"
+        assert int(store.add("phalanx/failed/done", 0)) == 2  # node 1 once, node 2 once
     finally:
         for node in nodes:
             node.__exit__(None, None, None)

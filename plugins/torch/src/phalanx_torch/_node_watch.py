@@ -92,6 +92,8 @@ class NodeWatch:
         #: The posts the watch has read, and whether it is blocked waiting for the next.
         self._seen = 0
         self._waiting = False
+        #: Whether this node has said it is done reading the posts.
+        self._said_done = False
 
     def __enter__(self) -> NodeWatch:
         MET.clear()
@@ -204,13 +206,28 @@ class NodeWatch:
                     causes = self._causes()
                     if causes:
                         self.remote = root_cause(causes)
-                store.add("done", 1)
+                self._say_done(store)
                 return
         except (RuntimeError, ValueError, OSError):
             return  # the job's store is gone: the job has ended, or node 0 with it
         finally:
             with self._lock:
                 self._waiting = False
+
+    def _say_done(self, store: Any) -> None:
+        """Count this node among those done reading the posts, once
+        whichever of its watch and its settle() gets there first, and never
+        on the node that hosts the store, which counts the others: with a
+        count of its own, or two from one node, the host left (its store
+        with it) before the last node had read the cause, which then named
+        its own rank that only lost a peer (CI run of 2026-11-26, the
+        multihost failure test: node 0's watch read node 1's lost-peer post
+        and counted itself done)."""
+        with self._lock:
+            if self._said_done or self.hosts_store:
+                return
+            self._said_done = True
+        store.add("done", 1)
 
     def _wake(self, ended: bool) -> None:
         """Wake this node's watch out of its blocked wait, and let it leave:
@@ -274,7 +291,7 @@ class NodeWatch:
                 while store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                     time.sleep(self.POLL)
             else:
-                store.add("done", 1)
+                self._say_done(store)
         except (RuntimeError, ValueError, OSError):
             pass  # the job's store is gone: what was read before counts
         # The watch may have read another node's post while this settle ran
