@@ -106,8 +106,8 @@ class SubprocessLauncher(Launcher):
         rendezvous: where the nodes meet on several nodes: ``"c10d"``
             (default; a store that node 0's launching process hosts at the
             main address and port) or ``"etcd://HOST:PORT,HOST:PORT/NAME"``
-            (an etcd cluster with its v2 API: no node is then a single
-            point of failure).
+            (an etcd cluster, 3.4 or later, spoken to on its v3 API: no
+            node is then a single point of failure).
         last_call: seconds a round that has ``min_nodes`` waits for more
             nodes before it starts (default 3; only where ``min_nodes`` is
             below ``num_nodes``).

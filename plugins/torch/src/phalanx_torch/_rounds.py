@@ -128,14 +128,14 @@ class RendezvousPlace:
 def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> RendezvousPlace:
     """The ``rendezvous`` option: None or ``"c10d"`` (node 0 hosts the
     store at the main address and port), or
-    ``"etcd://HOST[:PORT],HOST[:PORT].../NAME"`` (an etcd cluster with its
-    v2 API; ``NAME``, default ``phalanx-<main port>``, tells jobs that share
+    ``"etcd://HOST[:PORT],HOST[:PORT].../NAME"`` (an etcd cluster, 3.4 or
+    later, spoken to on its v3 API; ``NAME``, default ``phalanx-<main port>``, tells jobs that share
     the cluster apart)."""
     if value is None or value == "c10d":
         return RendezvousPlace("c10d", ((main_address, main_port),), f"phalanx-{main_address}:{main_port}")
     wrong = MisconfigurationError(
         f"launcher 'subprocess': rendezvous={value!r}; give 'c10d' (node 0 hosts the store, the "
-        "default) or 'etcd://HOST[:PORT],HOST[:PORT]/NAME' (an etcd cluster, v2 API, one member or "
+        "default) or 'etcd://HOST[:PORT],HOST[:PORT]/NAME' (an etcd cluster, 3.4 or later, one member or "
         "more; NAME tells jobs apart)"
     )
     if not isinstance(value, str) or not value.startswith("etcd://"):
@@ -166,11 +166,14 @@ def register() -> str:
 def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
     """The job's store that outlives its rounds: node 0's ``TCPStore``
     (hosted here, listening on ``host``, where ``host`` is not None; a
-    client elsewhere), or an ``EtcdStore`` on the etcd cluster."""
+    client elsewhere), or a store in the etcd cluster (:mod:`._etcd3`)."""
     import torch.distributed as dist
 
     if place.kind == "etcd":
-        return _steady_etcd_store_class()(_etcd_client(place, timeout), f"/phalanx/{place.name}/store")
+        from . import _etcd3
+
+        _check_etcd(place, timeout)
+        return _etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout)
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
     if host is not None:
@@ -178,151 +181,50 @@ def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> An
     return dist.TCPStore(address, port, is_master=False, timeout=wait)  # type: ignore[attr-defined]
 
 
-def _etcd_client(place: RendezvousPlace, timeout: float) -> Any:
+#: The longest a node waits at its start for a member of the etcd cluster
+#: to answer (the members of a cluster started with the job elect a
+#: leader first: a few seconds).
+ETCD_START_WAIT = 30.0
+
+
+def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
+    """Raise what to do unless a member of the etcd cluster answers a read
+    on its v3 API within ``min(timeout, ETCD_START_WAIT)`` seconds."""
+    from . import _etcd3
+
+    wait = min(timeout, ETCD_START_WAIT)
     try:
-        import etcd  # python-etcd, the client torch's etcd rendezvous uses
-    except ImportError:
-        raise MisconfigurationError(
-            f"rendezvous in etcd ({place.endpoint}) needs the python-etcd client: "
-            "pip install 'phalanx-torch[etcd]' (or python-etcd)"
+        _etcd3.check_reachable(place.endpoints, wait)
+    except _etcd3.EtcdRequestError as exc:
+        answered = _etcd3.versions(place.endpoints)
+        found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
+        raise UnavailableError(
+            f"rendezvous in etcd ({place.endpoint}): {found or 'a server'} answered, but not on etcd's "
+            f"v3 API (its JSON gateway at /v3/, which etcd 3.4 and later serve): {exc}. Use etcd 3.4 "
+            "or later, or meet on node 0's store instead (--rendezvous c10d)"
         ) from None
-    # Every member given: the client goes on with another when one is lost.
-    try:
-        return etcd.Client(
-            host=place.endpoints if len(place.endpoints) > 1 else place.endpoints[0][0],
-            port=place.endpoints[0][1],
-            read_timeout=max(1, int(min(timeout, 30))),
-            allow_reconnect=True,
-        )
-    except (etcd.EtcdException, OSError) as exc:  # no member answered at start
+    except _etcd3.EtcdUnavailable as exc:
         members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
-        answered = _etcd_versions(place)
+        answered = _etcd3.versions(place.endpoints)
         if answered:
             found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
             raise UnavailableError(
-                f"rendezvous in etcd ({place.endpoint}): {found} answered, but not on etcd's v2 API, "
-                "which this rendezvous speaks (as torch's etcd rendezvous does). Start etcd 3.4 or 3.5 "
-                "with --enable-v2; etcd 3.6 and later have no v2 API: keep an etcd 3.5 cluster for "
-                "the rendezvous, or meet on node 0's store instead (--rendezvous c10d)"
-            ) from exc
+                f"rendezvous in etcd ({place.endpoint}): {found} answered, but no read of the job's "
+                f"keys succeeded within {wait:g} s ({exc}): a cluster without a leader (are most of "
+                "its members down?). Bring a majority of its members up, or meet on node 0's store "
+                "instead (--rendezvous c10d)"
+            ) from None
         raise UnavailableError(
             f"rendezvous in etcd ({place.endpoint}): no member of the etcd cluster answered at "
-            f"{members} ({type(exc).__name__}: {exc}). Start etcd there with its v2 API "
-            "(etcd --enable-v2, as Debian's etcd-server 3.4 needs), check the addresses and ports "
-            "in --rendezvous, or meet on node 0's store instead (--rendezvous c10d)"
-        ) from exc
-
-
-def _etcd_versions(place: RendezvousPlace) -> dict[str, str]:
-    """The members that answer etcd's ``/version`` (a request any etcd
-    answers, whichever of its APIs are on), with their versions."""
-    import json
-    import urllib.request
-
-    found = {}
-    for host, port in place.endpoints:
-        try:
-            with urllib.request.urlopen(f"http://{host}:{port}/version", timeout=2) as answer:
-                found[f"{host}:{port}"] = str(json.load(answer)["etcdserver"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return found
+            f"{members} within {wait:g} s ({exc}). Start etcd there (3.4 or later), check the "
+            "addresses and ports in --rendezvous, or meet on node 0's store instead "
+            "(--rendezvous c10d)"
+        ) from None
 
 
 #: Seconds a node waits for the node that counts a round's failure to say
 #: the job's count (two store requests away; it is gone if it takes this).
 COUNT_WAIT = 10.0
-
-
-#: How long an etcd operation is tried again while the cluster cannot
-#: answer (a member lost, a new leader being elected: a few seconds).
-ETCD_PATIENCE = 60.0
-
-
-def _transient(exc: BaseException) -> bool:
-    """An etcd error that a moment later may not be: no member answers, or
-    the cluster is electing a leader ("Raft Internal Error: request timed
-    out, possibly due to previous leader failure")."""
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-
-    if isinstance(exc, (RendezvousConnectionError, ConnectionError, TimeoutError)):
-        return True
-    try:
-        import etcd
-        import urllib3
-    except ImportError:
-        return False
-    if isinstance(exc, urllib3.exceptions.HTTPError):
-        return True
-    transient = (etcd.EtcdConnectionFailed, etcd.EtcdLeaderElectionInProgress)
-    return isinstance(exc, transient) or type(exc) is etcd.EtcdException
-
-
-def _patiently(call: Any, *args: Any) -> Any:
-    """``call(*args)``, tried again for :data:`ETCD_PATIENCE` seconds while
-    it fails with a :func:`_transient` error."""
-    deadline = time.monotonic() + ETCD_PATIENCE
-    while True:
-        try:
-            return call(*args)
-        except Exception as exc:
-            if not _transient(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
-@functools.cache
-def _steady_etcd_store_class() -> type:
-    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
-
-    class SteadyEtcdStore(EtcdStore):
-        """torch's ``EtcdStore``, whose every operation is tried again while
-        the etcd cluster cannot answer (a lost member was its leader)."""
-
-        def set(self, key: Any, value: Any) -> None:
-            _patiently(super().set, key, value)
-
-        def get(self, key: Any) -> bytes:
-            return _patiently(super().get, key)  # type: ignore[no-any-return]
-
-        def add(self, key: Any, num: int) -> int:
-            return _patiently(super().add, key, num)  # type: ignore[no-any-return]
-
-        def wait(self, keys: Any, override_timeout: Any = None) -> None:
-            _patiently(super().wait, keys, override_timeout)
-
-        def check(self, keys: Any) -> bool:
-            return _patiently(super().check, keys)  # type: ignore[no-any-return]
-
-    return SteadyEtcdStore
-
-
-@functools.cache
-def _steady_backend_class() -> type:
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
-
-    class SteadyBackend(RendezvousBackend):
-        """An etcd rendezvous backend whose reads and writes of the state are
-        tried again while the cluster cannot answer (elastic gives up on
-        the first error, and its agent then closes the rendezvous for every
-        node). A write whose answer was lost is tried again as a compare and
-        set against the state read before: it fails, and elastic reads the
-        state anew, as after any lost race."""
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-
-        @property
-        def name(self) -> str:
-            return str(self._inner.name)
-
-        def get_state(self) -> Any:
-            return _patiently(self._inner.get_state)
-
-        def set_state(self, state: bytes, token: Any = None) -> Any:
-            return _patiently(self._inner.set_state, state, token)
-
-    return SteadyBackend
 
 
 def _create(params: Any) -> Any:
@@ -333,14 +235,11 @@ def _create(params: Any) -> Any:
     inner: Any
     if place.kind == "etcd":
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-        from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
 
-        backend: Any = _steady_backend_class()(
-            EtcdRendezvousBackend(
-                _etcd_client(place, timeout), params.run_id, key_prefix=f"/phalanx/{place.name}/rendezvous"
-            )
-        )
-        inner = dynamic.create_handler(store, backend, params)
+        from . import _etcd3
+
+        key = f"/phalanx/{place.name}/rendezvous/{params.run_id}"
+        inner = dynamic.create_handler(store, _etcd3.rendezvous_backend(place.endpoints, key), params)
     else:
         from ._counted_rounds import CountedRounds
 

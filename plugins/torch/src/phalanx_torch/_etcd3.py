@@ -1,0 +1,417 @@
+"""The job's state in an etcd cluster, over etcd's v3 API: a small client of
+its JSON gateway (HTTP, the standard library only), the job's store on it
+(:class:`Etcd3Store`, a ``torch.distributed.Store``) and the backend of torch
+elastic's dynamic rendezvous on it (:func:`rendezvous_backend`).
+
+Why not a library: torch's etcd rendezvous and store speak the v2 API
+(python-etcd), which etcd 3.4 and 3.5 serve only with ``--enable-v2`` and
+etcd 3.6 not at all; python-etcd3 (gRPC) is unmaintained and does not
+install beside protobuf 4 and later; etcd3gw talks to one member per
+client, so a lost member ends the job. The gateway is in every etcd since
+3.4 (``/v3/...``).
+
+Every request goes to one member and, where that member cannot answer (no
+connection, a leader being elected, "request timed out"), to the next, for
+up to :data:`PATIENCE` seconds: losing a member, the leader included,
+costs a job a few seconds, not its life. Imports no torch at import time.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import http.client
+import json
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+#: How long a request is tried again, member after member, while none can
+#: answer (a member lost, a leader being elected: a few seconds).
+PATIENCE = 60.0
+#: Seconds one request may take (a watch is given its own time).
+REQUEST_TIMEOUT = 10.0
+#: The longest one watch request waits before the keys are read again.
+WATCH_SPAN = 60.0
+#: gRPC status codes that a moment later may be otherwise: deadline
+#: exceeded, aborted, internal ("leader changed"), unavailable ("request
+#: timed out, possibly due to previous leader failure").
+_TRANSIENT_CODES = frozenset({4, 10, 13, 14})
+#: gRPC's "not found": a lease that expired.
+_NOT_FOUND = 5
+
+
+class EtcdUnavailable(ConnectionError):
+    """No member of the etcd cluster answered for :data:`PATIENCE` seconds."""
+
+
+class EtcdRequestError(RuntimeError):
+    """etcd answered a request with an error that asking again will not
+    change (a bad request, a lease not found)."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return body
+
+
+def _records(answer: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """The record each range of a transaction's answer found, or None."""
+    found: list[dict[str, Any] | None] = []
+    for item in answer.get("responses", []):
+        kvs = item.get("response_range", {}).get("kvs") or []
+        found.append(kvs[0] if kvs else None)
+    return found
+
+
+class Etcd3:
+    """A client of the members at ``endpoints`` ((host, port) pairs)."""
+
+    def __init__(self, endpoints: Sequence[tuple[str, int]], *, patience: float = PATIENCE) -> None:
+        self.endpoints = list(endpoints)
+        self.patience = patience
+        self._next = 0
+        self._lock = threading.Lock()
+
+    # -- requests --------------------------------------------------------
+
+    def _member(self) -> tuple[str, int]:
+        with self._lock:
+            return self.endpoints[self._next % len(self.endpoints)]
+
+    def _skip(self, member: tuple[str, int]) -> None:
+        """``member`` could not answer: the next request goes to the next."""
+        with self._lock:
+            if self.endpoints[self._next % len(self.endpoints)] == member:
+                self._next += 1
+
+    def _once(self, member: tuple[str, int], path: str, body: dict[str, Any], timeout: float) -> Any:
+        """One request to one member: its connection, with the response
+        not yet read (a watch streams)."""
+        connection = http.client.HTTPConnection(*member, timeout=timeout)
+        try:
+            connection.request("POST", f"/v3/{path}", json.dumps(body), {"Content-Type": "application/json"})
+            return connection, connection.getresponse()
+        except BaseException:
+            connection.close()
+            raise
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v3/<path>``, tried member after member while none can
+        answer; the answer's JSON."""
+        deadline = time.monotonic() + self.patience
+        last = ""
+        while True:
+            member = self._member()
+            try:
+                connection, response = self._once(member, path, body, REQUEST_TIMEOUT)
+                try:
+                    text = response.read()
+                finally:
+                    connection.close()
+            except (OSError, http.client.HTTPException) as exc:
+                last = f"{member[0]}:{member[1]}: {type(exc).__name__}: {exc}"
+            else:
+                try:
+                    answer = json.loads(text) if text else {}
+                except ValueError:
+                    answer = {}
+                    if response.status == 404:  # a server without /v3/ (etcd before 3.4, or not etcd)
+                        raise EtcdRequestError(
+                            f"{member[0]}:{member[1]} has no /v3/{path} (HTTP 404: {text[:80]!r})", None
+                        ) from None
+                if "error" not in answer and "code" not in answer and response.status < 500:
+                    return answer
+                code = answer.get("code")
+                message = str(answer.get("message") or answer.get("error") or f"HTTP {response.status}")
+                if code not in _TRANSIENT_CODES and response.status < 500:
+                    raise EtcdRequestError(f"etcd at {member[0]}:{member[1]}: {message}", code)
+                last = f"{member[0]}:{member[1]}: {message}"
+            self._skip(member)
+            if time.monotonic() > deadline:
+                members = ", ".join(f"{host}:{port}" for host, port in self.endpoints)
+                raise EtcdUnavailable(
+                    f"no member of the etcd cluster ({members}) answered for {self.patience:.0f} s "
+                    f"(last: {last})"
+                )
+            time.sleep(0.2)
+
+    # -- keys ------------------------------------------------------------
+
+    def read(self, keys: Sequence[bytes]) -> tuple[list[dict[str, Any] | None], int]:
+        """Each key's record (value, mod_revision) or None, read at one
+        revision; that revision."""
+        answer = self.call("kv/txn", {"success": [{"request_range": {"key": _b64(k)}} for k in keys]})
+        return _records(answer), int(answer["header"]["revision"])
+
+    def put(self, key: bytes, value: bytes, lease: int = 0) -> None:
+        self.call("kv/put", _put(key, value, lease))
+
+    def swap(
+        self,
+        key: bytes,
+        expected: int | None,
+        puts: Sequence[tuple[bytes, bytes, int]],
+        reads: Sequence[bytes],
+    ) -> tuple[bool, int, list[dict[str, Any] | None]]:
+        """Where ``key`` was last changed at revision ``expected`` (or,
+        for None, does not exist): write ``puts`` (key, value, lease), all
+        at once. Else read ``reads``. Whether it wrote; the revision; what
+        it read."""
+        compare: dict[str, Any] = {"key": _b64(key), "result": "EQUAL"}
+        if expected is None:
+            compare.update(target="CREATE", create_revision="0")
+        else:
+            compare.update(target="MOD", mod_revision=str(expected))
+        answer = self.call(
+            "kv/txn",
+            {
+                "compare": [compare],
+                "success": [{"request_put": _put(*put)} for put in puts],
+                "failure": [{"request_range": {"key": _b64(k)}} for k in reads],
+            },
+        )
+        revision = int(answer["header"]["revision"])
+        if answer.get("succeeded"):  # absent where false
+            return True, revision, []
+        return False, revision, _records(answer)
+
+    def grant(self, ttl: int) -> int:
+        """A new lease of ``ttl`` seconds; its id."""
+        return int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
+
+    def watch(self, key: bytes, after: int, timeout: float) -> None:
+        """Return once ``key`` is written after revision ``after``, or
+        ``timeout`` seconds have passed, or the member watched is lost
+        (the caller reads again, and asks again)."""
+        member = self._member()
+        body = {"create_request": {"key": _b64(key), "start_revision": str(after + 1)}}
+        deadline = time.monotonic() + timeout
+        try:
+            connection, response = self._once(member, "watch", body, max(0.05, timeout))
+        except (OSError, http.client.HTTPException):
+            self._skip(member)
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            return
+        try:
+            while time.monotonic() < deadline:
+                line = response.readline()
+                if not line:  # the member closed the stream
+                    self._skip(member)
+                    return
+                message = json.loads(line)
+                result = message.get("result", {})
+                if result.get("events") or "error" in message or result.get("canceled"):
+                    return
+        except (OSError, http.client.HTTPException, ValueError):  # its time is up, or the member is lost
+            return
+        finally:
+            connection.close()
+
+
+@functools.cache
+def _store_class() -> type:
+    import torch.distributed as dist
+
+    class Etcd3Store(dist.Store):  # type: ignore[misc,name-defined]
+        """A ``torch.distributed.Store`` whose keys live in etcd under
+        ``prefix``: ``set``, ``get`` and ``wait`` (blocking, through etcd's
+        watch), ``check`` and ``add``.
+
+        ``add`` is a compare-and-swap that counts once even where its
+        answer was lost and the request was sent again: the swap also
+        writes a key of its own (under ``<prefix>/.adds/``, on a lease of
+        :attr:`ADD_TTL` seconds), and a swap that fails reads it back."""
+
+        #: Seconds the record of one ``add`` is kept (for a request sent
+        #: again after its answer was lost).
+        ADD_TTL = 600
+
+        def __init__(self, client: Etcd3, prefix: str, timeout: float = 300.0) -> None:
+            super().__init__()
+            self.client = client
+            self.prefix = prefix.rstrip("/") + "/"
+            self.set_timeout(datetime.timedelta(seconds=timeout))
+            self._lease = 0
+            self._leased_at = 0.0
+            self._lease_lock = threading.Lock()
+
+        def _key(self, key: str | bytes) -> bytes:
+            return self.prefix.encode() + _bytes(key)
+
+        def set(self, key: str, value: str | bytes) -> None:
+            self.client.put(self._key(key), _bytes(value))
+
+        def get(self, key: str) -> bytes:
+            (record,) = self._wait_for([self._key(key)], self.timeout.total_seconds())
+            return _unb64(record.get("value"))
+
+        def check(self, keys: list[str]) -> bool:
+            found, _ = self.client.read([self._key(k) for k in keys])
+            return all(record is not None for record in found)
+
+        def wait(self, keys: list[str], override_timeout: datetime.timedelta | None = None) -> None:
+            timeout = self.timeout if override_timeout is None else override_timeout
+            self._wait_for([self._key(k) for k in keys], timeout.total_seconds())
+
+        def _wait_for(self, keys: list[bytes], timeout: float) -> list[dict[str, Any]]:
+            deadline = time.monotonic() + timeout
+            while True:
+                found, revision = self.client.read(keys)
+                missing = [key for key, record in zip(keys, found, strict=True) if record is None]
+                if not missing:
+                    return found  # type: ignore[return-value]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    names = ", ".join(key.decode(errors="replace") for key in missing)
+                    raise LookupError(f"etcd: no key {names} within {timeout:g} s")
+                self.client.watch(missing[0], revision, min(left, WATCH_SPAN))
+
+        def _add_lease(self) -> int:
+            with self._lease_lock:
+                if not self._lease or time.monotonic() - self._leased_at > self.ADD_TTL / 2:
+                    self._lease = self.client.grant(self.ADD_TTL)
+                    self._leased_at = time.monotonic()
+                return self._lease
+
+        def add(self, key: str, amount: int) -> int:
+            target = self._key(key)
+            record_key = self.prefix.encode() + b".adds/" + uuid.uuid4().hex.encode()
+            found, _ = self.client.read([target])
+            while True:
+                current = found[0]
+                value = int(_unb64(current.get("value"))) + amount if current else amount
+                expected = int(current["mod_revision"]) if current else None
+                text = str(value).encode()
+                try:
+                    puts = [(target, text, 0), (record_key, text, self._add_lease())]
+                    wrote, _, found_now = self.client.swap(target, expected, puts, [target, record_key])
+                except EtcdRequestError as exc:
+                    if exc.code != _NOT_FOUND:
+                        raise
+                    self._lease = 0  # the lease expired: a new one, and again
+                    continue
+                if wrote:
+                    return value
+                if found_now[1] is not None:  # an earlier try wrote, its answer lost
+                    return int(_unb64(found_now[1].get("value")))
+                found = found_now[:1]
+
+    return Etcd3Store
+
+
+def job_store(endpoints: Sequence[tuple[str, int]], prefix: str, timeout: float) -> Any:
+    """The job's store in etcd under ``prefix``."""
+    return _store_class()(Etcd3(endpoints), prefix, timeout)
+
+
+@functools.cache
+def _backend_class() -> type:
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
+
+    class Etcd3RendezvousBackend(RendezvousBackend):
+        """The state of torch elastic's dynamic rendezvous in one etcd key,
+        written by compare-and-swap on its revision, on a lease of
+        :attr:`TTL` seconds renewed by the writes (as torch's v2 backend
+        keeps it two hours). A write whose answer was lost is sent again,
+        fails its comparison, and elastic reads the state anew, as after
+        any lost race."""
+
+        TTL = 7200
+
+        def __init__(self, client: Etcd3, key: str) -> None:
+            self._client = client
+            self._key = key.encode()
+            self._lease = 0
+            self._leased_at = 0.0
+
+        @property
+        def name(self) -> str:
+            return "etcd-v3"
+
+        def _lease_now(self) -> int:
+            if not self._lease or time.monotonic() - self._leased_at > self.TTL / 2:
+                self._lease = self._client.grant(self.TTL)
+                self._leased_at = time.monotonic()
+            return self._lease
+
+        def get_state(self) -> tuple[bytes, Any] | None:
+            try:
+                (record,), _ = self._client.read([self._key])
+            except EtcdUnavailable as exc:
+                raise RendezvousConnectionError(str(exc)) from exc
+            return None if record is None else (_unb64(record.get("value")), int(record["mod_revision"]))
+
+        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
+            expected = int(token) if token is not None else None
+            try:
+                try:
+                    wrote, revision, found = self._client.swap(
+                        self._key, expected, [(self._key, state, self._lease_now())], [self._key]
+                    )
+                except EtcdRequestError as exc:
+                    if exc.code != _NOT_FOUND:
+                        raise
+                    self._lease = 0  # the lease expired
+                    wrote, revision, found = self._client.swap(
+                        self._key, expected, [(self._key, state, self._lease_now())], [self._key]
+                    )
+            except EtcdUnavailable as exc:
+                raise RendezvousConnectionError(str(exc)) from exc
+            if wrote:
+                return state, revision, True
+            record = found[0]
+            if record is None:  # its lease expired meanwhile
+                return None
+            return _unb64(record.get("value")), int(record["mod_revision"]), False
+
+    return Etcd3RendezvousBackend
+
+
+def rendezvous_backend(endpoints: Sequence[tuple[str, int]], key: str) -> Any:
+    """The dynamic rendezvous' backend, its state at ``key``."""
+    return _backend_class()(Etcd3(endpoints), key)
+
+
+def versions(endpoints: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """The members that answer etcd's ``/version`` (any etcd does), with
+    their versions."""
+    found = {}
+    for host, port in endpoints:
+        connection = http.client.HTTPConnection(host, port, timeout=2)
+        try:
+            connection.request("GET", "/version")
+            found[f"{host}:{port}"] = str(json.loads(connection.getresponse().read())["etcdserver"])
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+            continue
+        finally:
+            connection.close()
+    return found
+
+
+def check_reachable(endpoints: Sequence[tuple[str, int]], patience: float) -> None:
+    """Raise :class:`EtcdUnavailable` unless a member answers a v3 read
+    within ``patience`` seconds."""
+    Etcd3(endpoints, patience=patience).read([b"/phalanx/.ping"])
