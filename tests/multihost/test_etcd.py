@@ -148,6 +148,26 @@ def test_counts_stay_exact_while_the_member_every_client_talks_to_is_killed(clus
     assert stores[0].add("n", 0) == 400
 
 
+def test_a_member_that_stops_answering_is_passed_over_by_every_new_client(cluster, monkeypatch):
+    # A member that takes connections but never answers (SIGSTOP: as a
+    # host lost without a word, or a hung etcd): a request to it times
+    # out, the request goes to the next member, and a client made later in
+    # this process starts with that next member rather than waiting out
+    # the same timeout again (the rendezvous makes a new client per round).
+    import signal
+
+    monkeypatch.setattr(_etcd3, "REQUEST_TIMEOUT", 1.0)
+    endpoints = [cluster.endpoints[2], *cluster.endpoints[:2]]
+    cluster.members[2].send_signal(signal.SIGSTOP)
+    try:
+        store = _etcd3.job_store(endpoints, "/phalanx/test/stopped", 30)
+        store.set("a", "1")  # member 2 times out; member 0 answers
+        assert _etcd3.Etcd3(endpoints)._member() == cluster.endpoints[0]
+        assert _etcd3.job_store(endpoints, "/phalanx/test/stopped", 30).get("a") == b"1"
+    finally:
+        cluster.members[2].send_signal(signal.SIGCONT)
+
+
 def test_the_rendezvous_state_is_swapped_on_its_revision(cluster):
     backend = _etcd3.rendezvous_backend(cluster.endpoints, "/phalanx/test/rendezvous/run")
     assert backend.get_state() is None

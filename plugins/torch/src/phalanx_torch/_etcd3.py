@@ -85,13 +85,24 @@ def _records(answer: dict[str, Any]) -> list[dict[str, Any] | None]:
     return found
 
 
+#: For each cluster (its members, as given) the member this process's
+#: clients go to first: the one after the last member that could not
+#: answer, so that a new client does not wait out a lost member's timeout
+#: again (a host lost without a word: every new client's first request
+#: waited :data:`REQUEST_TIMEOUT`).
+_FIRST: dict[tuple[tuple[str, int], ...], int] = {}
+_FIRST_LOCK = threading.Lock()
+
+
 class Etcd3:
     """A client of the members at ``endpoints`` ((host, port) pairs)."""
 
     def __init__(self, endpoints: Sequence[tuple[str, int]], *, patience: float = PATIENCE) -> None:
         self.endpoints = list(endpoints)
         self.patience = patience
-        self._next = 0
+        self._cluster = tuple(self.endpoints)
+        with _FIRST_LOCK:
+            self._next = _FIRST.get(self._cluster, 0)
         self._lock = threading.Lock()
 
     # -- requests --------------------------------------------------------
@@ -105,6 +116,9 @@ class Etcd3:
         with self._lock:
             if self.endpoints[self._next % len(self.endpoints)] == member:
                 self._next += 1
+            following = self._next % len(self.endpoints)
+        with _FIRST_LOCK:
+            _FIRST[self._cluster] = following
 
     def _once(self, member: tuple[str, int], path: str, body: dict[str, Any], timeout: float) -> Any:
         """One request to one member: its connection, with the response
@@ -208,13 +222,12 @@ class Etcd3:
         member = self._member()
         body = {"create_request": {"key": _b64(key), "start_revision": str(after + 1)}}
         deadline = time.monotonic() + timeout
+        created = False
+        connection = None
         try:
-            connection, response = self._once(member, "watch", body, max(0.05, timeout))
-        except (OSError, http.client.HTTPException):
-            self._skip(member)
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-            return
-        try:
+            # A member says at once that the watch is made: one that does
+            # not within REQUEST_TIMEOUT is passed over, as in call().
+            connection, response = self._once(member, "watch", body, max(0.05, min(timeout, REQUEST_TIMEOUT)))
             while time.monotonic() < deadline:
                 line = response.readline()
                 if not line:  # the member closed the stream
@@ -224,10 +237,16 @@ class Etcd3:
                 result = message.get("result", {})
                 if result.get("events") or "error" in message or result.get("canceled"):
                     return
-        except (OSError, http.client.HTTPException, ValueError):  # its time is up, or the member is lost
-            return
+                if not created and connection.sock is not None:  # now wait as long as asked
+                    created = True
+                    connection.sock.settimeout(max(0.05, deadline - time.monotonic()))
+        except (OSError, http.client.HTTPException, ValueError):
+            if not created:  # no connection, or no word from the member
+                self._skip(member)
+            # else its time is up, or the member was lost while watching: the caller reads again
         finally:
-            connection.close()
+            if connection is not None:
+                connection.close()
 
 
 @functools.cache
