@@ -10,6 +10,9 @@ Modes:
     fail-early N  every rank of node N raises before its group is made.
     save PATH     train, then save a checkpoint to PATH.
     load PATH     load the checkpoint at PATH, print its weights' digest.
+    lose PID      rank 0 kills process PID (the job's etcd) with SIGKILL once
+                  every rank has passed a barrier; every rank then goes on
+                  with collectives for about 6 s, and trains.
 
 Outside ``phalanx run`` (torchrun) the strategy is ``ddp`` on the CPU with
 ``num_nodes`` from ``--nnodes`` (``GROUP_WORLD_SIZE``).
@@ -84,6 +87,15 @@ def main(strategy):
             raise ValueError(f"rank {strategy.global_rank} on {socket.gethostname()} broke on purpose")
         strategy.all_reduce(torch.ones(1))
         report(strategy)
+    elif MODE == "lose":
+        strategy.barrier()
+        if strategy.global_rank == 0:
+            os.kill(int(ARG), 9)
+        for _ in range(20):
+            strategy.all_reduce(torch.ones(1))
+            time.sleep(0.3)
+        model, _ = train(strategy)
+        report(strategy, weights=digest(strategy, model))
     elif MODE == "save":
         model, optimizer = train(strategy)
         strategy.save_checkpoint(ARG, {"model": model, "optimizer": optimizer, "step": 3})

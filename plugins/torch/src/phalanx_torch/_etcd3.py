@@ -19,6 +19,7 @@ costs a job a few seconds, not its life. Imports no torch at import time.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import functools
 import http.client
@@ -26,7 +27,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: How long a request is tried again, member after member, while none can
@@ -36,12 +37,31 @@ PATIENCE = 60.0
 REQUEST_TIMEOUT = 10.0
 #: The longest one watch request waits before the keys are read again.
 WATCH_SPAN = 60.0
+#: The patience of a request made within :func:`briefly`.
+BRIEF_PATIENCE = 2.0
 #: gRPC status codes that a moment later may be otherwise: deadline
 #: exceeded, aborted, internal ("leader changed"), unavailable ("request
 #: timed out, possibly due to previous leader failure").
 _TRANSIENT_CODES = frozenset({4, 10, 13, 14})
 #: gRPC's "not found": a lease that expired.
 _NOT_FOUND = 5
+
+
+_PATIENCE_HERE = threading.local()
+
+
+@contextlib.contextmanager
+def briefly(patience: float = BRIEF_PATIENCE) -> Iterator[None]:
+    """Requests of this thread within try for ``patience`` seconds only:
+    for what a job can do without (the agent's look for joining nodes
+    while the ranks train, the writes at the job's end), so that a cluster
+    that cannot answer does not hold the job up for :data:`PATIENCE`."""
+    before = getattr(_PATIENCE_HERE, "value", None)
+    _PATIENCE_HERE.value = patience
+    try:
+        yield
+    finally:
+        _PATIENCE_HERE.value = before
 
 
 class EtcdUnavailable(ConnectionError):
@@ -134,7 +154,8 @@ class Etcd3:
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v3/<path>``, tried member after member while none can
         answer; the answer's JSON."""
-        deadline = time.monotonic() + self.patience
+        patience = getattr(_PATIENCE_HERE, "value", None) or self.patience
+        deadline = time.monotonic() + patience
         last = ""
         while True:
             member = self._member()
@@ -166,8 +187,7 @@ class Etcd3:
             if time.monotonic() > deadline:
                 members = ", ".join(f"{host}:{port}" for host, port in self.endpoints)
                 raise EtcdUnavailable(
-                    f"no member of the etcd cluster ({members}) answered for {self.patience:.0f} s "
-                    f"(last: {last})"
+                    f"no member of the etcd cluster ({members}) answered for {patience:g} s (last: {last})"
                 )
             time.sleep(0.2)
 

@@ -243,7 +243,9 @@ class NodeWatch:
             waiting = self._waiting
         if not waiting or self._thread is None:
             return
-        with contextlib.suppress(RuntimeError, ValueError, OSError):
+        from . import _etcd3  # a store in etcd that cannot answer: the launch ends all the same
+
+        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
             store = self._connect()
             store.set(f"post/{store.add('posts', 1)}", f"{self.me} {_ENDED if ended else _WOKEN}")
         self._thread.join(self.HOLD)

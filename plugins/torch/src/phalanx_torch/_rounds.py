@@ -240,6 +240,17 @@ def _create(params: Any) -> Any:
 
         key = f"/phalanx/{place.name}/rendezvous/{params.run_id}"
         inner = dynamic.create_handler(store, _etcd3.rendezvous_backend(place.endpoints, key), params)
+        # Heartbeats try briefly: elastic's heartbeat holds the lock that
+        # its look for joining nodes (every monitor interval) takes, so
+        # a heartbeat that waited out etcd's full patience held the agent
+        # up for as long (a job whose etcd was lost ended 2 minutes late).
+        heartbeat = inner._keep_alive
+
+        def keep_alive() -> None:
+            with _etcd3.briefly():
+                heartbeat()
+
+        inner._keep_alive = keep_alive
     else:
         from ._counted_rounds import CountedRounds
 
@@ -280,6 +291,8 @@ def _handler_class() -> type:
         hosts_store = False
         #: Leave the rendezvous open when this node ends (it timed out).
         _keep_open = False
+        #: etcd did not answer the last look for joining nodes (said once).
+        _etcd_silent = False
         #: The nodes in the round being formed, as this node last read them.
         joined: list[str] = []  # noqa: RUF012 - replaced, never changed in place
 
@@ -425,7 +438,31 @@ def _handler_class() -> type:
             self._inner.set_closed()
 
         def num_nodes_waiting(self) -> int:
-            return int(self._inner.num_nodes_waiting())
+            if _counted(self._inner):  # node 0's store: its loss ends the job (NodeLostError)
+                return int(self._inner.num_nodes_waiting())
+            # etcd, asked every monitor interval while the ranks train: if
+            # the cluster cannot answer, the job goes on (no node joins
+            # until it can), said once, rather than end at the patience's end.
+            from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+            from . import _etcd3
+
+            try:
+                with _etcd3.briefly():
+                    waiting = int(self._inner.num_nodes_waiting())
+            except RendezvousConnectionError as exc:
+                if not self._etcd_silent and self.say is not None:
+                    self.say(
+                        f"{self._place_text} does not answer ({exc}); the ranks train on, but no node "
+                        "can join, and a failure cannot start a new round, until a majority of its "
+                        "members answers again"
+                    )
+                self._etcd_silent = True
+                return 0
+            if self._etcd_silent and self.say is not None:
+                self.say(f"{self._place_text} answers again")
+            self._etcd_silent = False
+            return waiting
 
         def get_run_id(self) -> str:
             return str(self._inner.get_run_id())
@@ -434,7 +471,10 @@ def _handler_class() -> type:
             self._round_store = None
             if self._keep_open:
                 return True
-            with contextlib.suppress(Exception):  # the job's store may be gone with node 0
+            from . import _etcd3
+
+            # The job's store may be gone (node 0), or etcd not answer: the job is over either way.
+            with contextlib.suppress(Exception), _etcd3.briefly():
                 return bool(self._inner.shutdown())
             return False
 
