@@ -138,7 +138,11 @@ def test_max_restarts_given_to_resolve_restarts_a_launch_of_fn():
     assert "RESULT [(0, 1, 2.0), (1, 1, 2.0)]" in done.stdout, done.stdout
 
 
-def test_a_launch_of_fn_on_two_nodes_restarts_both_and_returns_each_node_its_ranks_values():
+@pytest.mark.parametrize("slow", [False, True], ids=["promptly", "a-rank-slow-to-end"])
+def test_a_launch_of_fn_on_two_nodes_restarts_both_and_returns_each_node_its_ranks_values(slow):
+    # slow: node 0's rank outlives its lost peer by 3 s, so node 0 sees node 1
+    # wait to join while its own rank still runs; it must still say the
+    # restart, with the job's count (it said "asked to join, not counted").
     import socket
 
     with socket.socket() as probe:  # a port nothing listens on now; node 0's store takes it
@@ -147,7 +151,7 @@ def test_a_launch_of_fn_on_two_nodes_restarts_both_and_returns_each_node_its_ran
     env = scheduler_free_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     nodes = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT.parent / "restart_launch.py"), "2"],
+            [sys.executable, str(SCRIPT.parent / "restart_launch.py"), "2", *(["slow"] if slow else [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -106,6 +106,20 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
                     for stale in Path(results).glob("*.pkl"):
                         stale.unlink(missing_ok=True)
 
+        def _failed_elsewhere(self) -> bool:
+            """Whether, our ranks healthy when elastic read a node waiting
+            to join, another node counted this round's failure (it counts
+            before it joins, so this read, after elastic's, sees it). Its
+            count is then the job's: this node's next round starts with it."""
+            rounds = self._rounds()
+            if rounds is None or self._last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                return False
+            if not rounds.failed():
+                return False
+            # The count that node made (this node's add only reads it).
+            self._remaining_restarts = max(0, max_restarts - rounds.count_failure())
+            return True
+
         def _exit_barrier(self) -> None:
             # Through the job's store: in etcd, a cluster that cannot answer
             # costs the job's end 2 s, not a request's full patience (60 s;
@@ -121,6 +135,16 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
             if failed and not self._joining:
                 restart = max_restarts - self._remaining_restarts
                 _say_restart(who, last, restart, max_restarts, node_rank)
+            elif last is not None and self._failed_elsewhere():
+                # Our ranks still ran when elastic saw the other node wait:
+                # its rank failed, ours lost their peer and were slower to
+                # end than its node was to count the failure and join.
+                restart = max_restarts - self._remaining_restarts
+                sys.stderr.write(
+                    f"{who}: a rank on another node failed (that node's output says which); every rank "
+                    f"is stopped and started again (restart {restart} of {max_restarts})\n"
+                )
+                sys.stderr.flush()
             elif last is not None:
                 waiting = self._worker_group.spec.rdzv_handler.num_nodes_waiting()
                 sys.stderr.write(
