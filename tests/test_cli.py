@@ -110,6 +110,21 @@ def test_explain_prints_the_plan():
     assert json.loads(out)["parts"]["strategy"]["name"] == "single_device"
 
 
+@pytest.mark.parametrize("devices", ["-1", "auto"])
+def test_explain_says_how_many_devices_all_or_auto_take_here(devices):
+    # The number the built strategy took, beside the flag as given; on the CPU
+    # -1 and auto take one process (cpu's device count).
+    code, out = run("explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", devices)
+    assert code == 0
+    assert out.splitlines()[0] == f"devices={phalanx.cli._devices(devices)!r} (1 on this machine) num_nodes=1"
+    code, out = run("explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", devices, "--json")
+    assert json.loads(out)["devices_here"] == 1
+    code, out = run("explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2")
+    assert out.splitlines()[0] == "devices=2 num_nodes=1"
+    code, out = run("explain", "--strategy", "ddp", "--devices", devices, "--plan-only", "--json")
+    assert json.loads(out)["devices_here"] is None  # nothing was built
+
+
 @pytest.mark.parametrize(
     ("argv", "listens"),
     [

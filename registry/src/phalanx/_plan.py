@@ -105,16 +105,21 @@ class Plan:
             "traffic": self.traffic(),
         }
 
-    def explain(self) -> str:
+    def explain(self, devices_here: int | None = None) -> str:
         """The plan as aligned text: one line per part, then its reason; a
-        composed collective's parts indented under it."""
+        composed collective's parts indented under it. ``devices_here``:
+        the number of devices (ranks per node) the built strategy took for
+        ``devices``, said where the flag does not say it (``-1``, ``auto``)."""
         rows = []
         for c in self.parts():
             rows.append((str(c.kind), c.name, _source(c), c.reason))
             if c.kind is Kind.COLLECTIVE:
                 rows.extend(("", f"  {part.name}", _source(part), part.reason) for part in self.composition)
         width = [max(len(r[i]) for r in rows) for i in range(3)]
-        lines = [f"devices={self.devices!r} num_nodes={self.num_nodes}"]
+        devices = f"devices={self.devices!r}"
+        if devices_here is not None and (isinstance(self.devices, str) or self.devices == -1):
+            devices += f" ({devices_here} on this machine)"
+        lines = [f"{devices} num_nodes={self.num_nodes}"]
         if self.options:
             lines[0] += " options: " + ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         for kind, name, source, reason in rows:

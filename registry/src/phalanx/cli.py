@@ -227,12 +227,13 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         environment=args.environment,
         **_options(args.option),
     )
-    network = None
+    network = devices_here = None
     if not args.plan_only:
         # Every check resolve() runs: the parts' constructors (the backend
         # there, the accelerator's devices, the precision and the collective
         # against the accelerator, the collective against the launcher).
         strategy = registry.build(plan)
+        devices_here = strategy.launcher.num_processes
         describe = getattr(strategy.collective, "network", None)
         if callable(describe):
             world = strategy.launcher.num_processes * strategy.launcher.num_nodes
@@ -240,11 +241,17 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
             network = describe(environment.main_address, environment.main_port, world, strategy.accelerator)
     listens = _listens(registry, plan)
     if args.json:
-        document = {**plan.to_dict(), "listens": listens, "network": network, "built": not args.plan_only}
+        document = {
+            **plan.to_dict(),
+            "devices_here": devices_here,
+            "listens": listens,
+            "network": network,
+            "built": not args.plan_only,
+        }
         json.dump(document, out, indent=2)
         print(file=out)
     else:
-        print(plan.explain(), file=out)
+        print(plan.explain(devices_here), file=out)
         if listens:
             print(f"listens on   {listens}", file=out)
         if network:
