@@ -165,13 +165,18 @@ def test_with_no_cause_posted_the_nodes_name_a_lost_peer_after_the_hold(store, m
             node.__exit__(None, None, None)
 
 
-def _settle_aside(node: Node, text: str, named: dict[int, RankFailure], order: list[int]) -> None:
-    """``node`` settles a failure in a thread of its own; what it names
-    goes into ``named``, and the node into ``order`` as its settle() returns."""
+def _settle_aside(
+    nodes: list[Node], index: int, text: str, named: dict[int, RankFailure], done: dict
+) -> None:
+    """Node ``index`` settles a failure in a thread of its own; what it
+    names goes into ``named``, and into ``done`` the nodes that had said
+    they were done reading when its settle() returned (for the host: the
+    nodes it may leave, its store with it)."""
+    node = nodes[index]
 
     def settle() -> None:
-        named[node.node_rank] = node.settle(_failure(node.node_rank, text))
-        order.append(node.node_rank)
+        named[index] = node.settle(_failure(index, text))
+        done[index] = {n.node_rank for n in nodes if n._said_done}
 
     threading.Thread(target=settle).start()
 
@@ -194,13 +199,13 @@ def test_the_store_host_waits_for_the_node_that_lost_its_peer_to_read_the_cause(
     nodes[1].POLL = 1.0
     try:
         named: dict[int, RankFailure] = {}
-        order: list[int] = []
-        _settle_aside(nodes[1], LOST_PEER, named, order)
+        done: dict[int, set[int]] = {}
+        _settle_aside(nodes, 1, LOST_PEER, named, done)
         _until(lambda: nodes[0].remote is not None, "node 0's watch never read node 1's post")
-        _settle_aside(nodes[0], RAISED, named, order)
+        _settle_aside(nodes, 0, RAISED, named, done)
         _until(lambda: len(named) == 2, "a node never settled")
         assert {i: f.rank for i, f in named.items()} == {0: 0, 1: 0}
-        assert order[0] == 1, "node 0 left before node 1 had read its cause"
+        assert done[0] == {1}, "node 0 left before node 1 had read its cause"
     finally:
         for node in nodes:
             node.__exit__(None, None, None)
@@ -216,17 +221,17 @@ def test_each_node_counts_once_among_those_done_reading(store):
     nodes[2].POLL = 1.0
     try:
         named: dict[int, RankFailure] = {}
-        order: list[int] = []
-        _settle_aside(nodes[2], LOST_PEER, named, order)
+        done: dict[int, set[int]] = {}
+        _settle_aside(nodes, 2, LOST_PEER, named, done)
         _until(lambda: nodes[2]._stop.is_set(), "node 2 never began to settle")
-        _settle_aside(nodes[0], RAISED, named, order)
+        _settle_aside(nodes, 0, RAISED, named, done)
         _until(
             lambda: nodes[1].remote is not None and nodes[1]._said_done, "node 1's watch never read the cause"
         )
-        _settle_aside(nodes[1], LOST_PEER, named, order)
+        _settle_aside(nodes, 1, LOST_PEER, named, done)
         _until(lambda: len(named) == 3, "a node never settled")
         assert {i: f.rank for i, f in named.items()} == {0: 0, 1: 0, 2: 0}
-        assert order.index(2) < order.index(0), "node 0 left before node 2 had read its cause"
+        assert done[0] == {1, 2}, "node 0 left before node 2 had read its cause"
         assert int(store.add("phalanx/failed/done", 0)) == 2  # node 1 once, node 2 once
     finally:
         for node in nodes:
