@@ -13,6 +13,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx_core.testing.processes import scheduler_free_environment
 from phalanx_torch import _etcd3
 
 
@@ -35,37 +37,55 @@ def _free_ports(count: int) -> list[int]:
 
 
 class Cluster:
-    """Three etcd members on loopback; ``kill(i)`` ends member ``i`` with
-    SIGKILL."""
+    """``size`` etcd members on loopback (clients over TLS where ``tls``
+    gives the certificates' folder: :func:`_certificates`'s); ``kill(i)``
+    ends member ``i`` with SIGKILL."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, size: int = 3, tls: Path | None = None, *flags: str) -> None:
         etcd = shutil.which("etcd")
         if etcd is None:
             pytest.fail("the multihost session installs etcd-server (Debian's etcd 3.4); it is missing")
-        ports = _free_ports(6)
-        self.clients = ports[:3]
-        peers = ports[3:]
-        names = [f"m{i}" for i in range(3)]
+        ports = _free_ports(2 * size)
+        self.clients = ports[:size]
+        peers = ports[size:]
+        names = [f"m{i}" for i in range(size)]
         cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
+        self.scheme = "https" if tls else "http"
+        served = []
+        if tls:  # every client shows a certificate the CA signed
+            served = ["--cert-file", str(tls / "server.pem"), "--key-file", str(tls / "server.key"),
+                      "--trusted-ca-file", str(tls / "ca.pem"), "--client-cert-auth"]  # fmt: skip
+        self.tls = tls
         self.members = []
         for name, client, peer in zip(names, self.clients, peers, strict=True):
             argv = [
                 etcd, "--name", name, "--data-dir", str(folder / name), "--log-level", "error",
-                "--listen-client-urls", f"http://127.0.0.1:{client}",
-                "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                "--listen-client-urls", f"{self.scheme}://127.0.0.1:{client}",
+                "--advertise-client-urls", f"{self.scheme}://127.0.0.1:{client}",
                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                "--initial-cluster", cluster, "--initial-cluster-state", "new", *served, *flags,
             ]  # fmt: skip
             self.members.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self.endpoints = [("127.0.0.1", port) for port in self.clients]
 
+    def access(self, **given: str) -> _etcd3.Access:
+        """This test's client: over TLS with the test CA and client
+        certificate where the cluster speaks TLS."""
+        if not self.tls:
+            return _etcd3.Access(**given)
+        files = {name: str(self.tls / f) for name, f in (("cacert", "ca.pem"), ("cert", "client.pem"),
+                                                         ("key", "client.key"))}  # fmt: skip
+        return _etcd3.Access(tls=True, **{**files, **given})
+
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + 60
+        context = self.access().context()
         for port in self.clients:
             while True:
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    url = f"{self.scheme}://127.0.0.1:{port}/health"
+                    with urllib.request.urlopen(url, timeout=2, context=context) as answer:
                         if json.load(answer).get("health") == "true":
                             break
                 except OSError:
@@ -199,3 +219,215 @@ def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
     said = str(info.value)
     assert "answered, but no read of the job's keys succeeded within 3 s" in said, said
     assert "Bring a majority of its members up" in said and "--rendezvous c10d" in said, said
+
+
+# -- TLS and users ---------------------------------------------------------
+
+
+def _certificates(folder: Path) -> Path:
+    """A throw-away CA (``ca.pem``), the members' certificate for
+    127.0.0.1 (``server.pem``/``.key``) and two clients', one without a
+    CommonName (``client``) and one with (``named``), made with openssl."""
+    folder.mkdir()
+
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], cwd=folder, check=True, capture_output=True)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl(
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=phalanx test CA",
+    )
+    # The client's certificate has no CommonName: with authentication on,
+    # etcd's gateway refuses one that has (named in the last test).
+    for name, usage, subject in (
+        ("server", "serverAuth,clientAuth", "/CN=server"),
+        ("client", "clientAuth", "/O=phalanx"),
+        ("named", "clientAuth", "/CN=job"),
+    ):
+        (folder / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")  # fmt: skip
+    return folder
+
+
+@pytest.fixture
+def tls_cluster(tmp_path):
+    found = Cluster(tmp_path, 1, _certificates(tmp_path / "certificates"))
+    try:
+        found.wait_healthy()
+        yield found
+    finally:
+        found.close()
+
+
+def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_is_named(tls_cluster):
+    from phalanx_core import UnavailableError
+    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+
+    store = _etcd3.job_store(tls_cluster.endpoints, "/phalanx/tls/store", 30, tls_cluster.access())
+    store.set("a", "1")
+    threading.Timer(0.3, lambda: store.set("b", "2")).start()
+    assert store.get("b") == b"2" and store.add("n", 2) == 2  # a watch over TLS too
+    backend = _etcd3.rendezvous_backend(tls_cluster.endpoints, "/phalanx/tls/rdzv", tls_cluster.access())
+    assert backend.set_state(b"state")[::2] == (b"state", True)
+
+    port = tls_cluster.clients[0]
+    certificates = tls_cluster.tls
+    query = f"cacert={certificates}/ca.pem&cert={certificates}/client.pem&key={certificates}/client.key"
+    place = parse_rendezvous(f"etcd+https://127.0.0.1:{port}/job?{query}", "127.0.0.1", 29500)
+    assert place.access.tls and place.access.cert == f"{certificates}/client.pem"
+    _check_etcd(place, 5)  # answers
+    assert "over TLS" in place.describe()
+
+    def refused(url: str) -> str:
+        with pytest.raises(UnavailableError) as info:
+            _check_etcd(parse_rendezvous(url, "127.0.0.1", 29500), 5)
+        return str(info.value)
+
+    # Plain HTTP to a member that speaks TLS.
+    said = refused(f"etcd://127.0.0.1:{port}/job")
+    assert "speaks TLS, and a plain-HTTP request is closed unanswered" in said and "etcd+https://" in said, (
+        said
+    )
+    # The member's certificate, without the CA that signed it.
+    said = refused(
+        f"etcd+https://127.0.0.1:{port}/job?cert={certificates}/client.pem&key={certificates}/client.key"
+    )
+    assert "not one this client trusts" in said and "cacert=PATH" in said, said
+    # No client certificate where the member asks for one.
+    said = refused(f"etcd+https://127.0.0.1:{port}/job?cacert={certificates}/ca.pem")
+    assert "TLS failed" in said, said
+    assert "asks for a client certificate: give cert=PATH and key=PATH" in said, said
+
+
+def test_tls_to_a_member_that_speaks_plain_http_is_named(cluster):
+    from phalanx_core import UnavailableError
+    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+
+    with pytest.raises(
+        UnavailableError, match=r"speaks plain HTTP, not TLS: use etcd://, not etcd\+https://"
+    ):
+        _check_etcd(parse_rendezvous(f"etcd+https://127.0.0.1:{cluster.clients[0]}/job", "127.0.0.1", 1), 5)
+
+
+def _enable_auth(cluster: Cluster, password: str) -> None:
+    """Users ``root`` and ``job`` (read and write under ``/phalanx/``),
+    both with ``password``; authentication on."""
+    client = _etcd3.Etcd3(cluster.endpoints, access=cluster.access())
+    prefix = _etcd3._b64(b"/phalanx/")
+    end = _etcd3._b64(b"/phalanx0")  # the end of the prefix's range ("/" + 1)
+    for path, body in (
+        ("auth/role/add", {"name": "root"}),
+        ("auth/user/add", {"name": "root", "password": password}),
+        ("auth/user/grant", {"user": "root", "role": "root"}),
+        ("auth/role/add", {"name": "jobs"}),
+        (
+            "auth/role/grant",
+            {"name": "jobs", "perm": {"permType": "READWRITE", "key": prefix, "range_end": end}},
+        ),
+        ("auth/user/add", {"name": "job", "password": password}),
+        ("auth/user/grant", {"user": "job", "role": "jobs"}),
+        ("auth/enable", {}),
+    ):
+        client.call(path, body)
+
+
+def test_a_user_with_its_password_reaches_a_cluster_with_authentication_on(tmp_path, monkeypatch):
+    # Tokens live 2 s here (etcd's default: 300 s idle): a client whose
+    # token expired asks for a new one and goes on.
+    from phalanx_core import MisconfigurationError, UnavailableError
+    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+
+    cluster = Cluster(tmp_path, 1, None, "--auth-token-ttl", "2")
+    try:
+        cluster.wait_healthy()
+        _enable_auth(cluster, "s3cret")
+        port = cluster.clients[0]
+        monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "s3cret")
+        place = parse_rendezvous(f"etcd://127.0.0.1:{port}/job?user=job", "127.0.0.1", 1)
+        assert place.access.user == "job" and "s3cret" not in repr(place)
+        _check_etcd(place, 5)
+        store = _etcd3.job_store(place.endpoints, "/phalanx/job/store", 30, place.access)
+        assert store.add("n", 1) == 1
+        first = store.client._token
+        time.sleep(3.5)  # the token expires
+        assert store.add("n", 1) == 2 and store.client._token != first
+        threading.Timer(0.3, lambda: store.set("w", "1")).start()
+        assert store.get("w") == b"1"
+        # Outside its role's keys, the user is refused, not retried.
+        with pytest.raises(_etcd3.EtcdRequestError, match="permission denied"):
+            store.client.put(b"/elsewhere", b"x")
+
+        monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "wrong")
+        with pytest.raises(UnavailableError) as info:
+            _check_etcd(parse_rendezvous(f"etcd://127.0.0.1:{port}/job?user=job", "127.0.0.1", 1), 5)
+        said = str(info.value)
+        assert "etcd refused the job's first read" in said and "authentication failed" in said, said
+        assert "check user='job' and its password in PHALANX_ETCD_PASSWORD" in said, said
+        with pytest.raises(UnavailableError, match=r"authentication on needs \?user=NAME in --rendezvous"):
+            _check_etcd(parse_rendezvous(f"etcd://127.0.0.1:{port}/job", "127.0.0.1", 1), 5)
+        monkeypatch.delenv("PHALANX_ETCD_PASSWORD")
+        with pytest.raises(
+            MisconfigurationError, match="user='job' needs its password in PHALANX_ETCD_PASSWORD"
+        ):
+            parse_rendezvous(f"etcd://127.0.0.1:{port}/job?user=job", "127.0.0.1", 1)
+    finally:
+        cluster.close()
+
+
+def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypatch):
+    # phalanx run on two nodes (loopback), the rendezvous in a 1-member etcd
+    # that speaks only TLS with client certificates, with authentication on.
+    cluster = Cluster(tmp_path, 1, _certificates(tmp_path / "certificates"))
+    try:
+        cluster.wait_healthy()
+        _enable_auth(cluster, "pw")
+        certificates = cluster.tls
+        url = (f"etcd+https://127.0.0.1:{cluster.clients[0]}/tls-job?cacert={certificates}/ca.pem"
+               f"&cert={certificates}/client.pem&key={certificates}/client.key&user=job")  # fmt: skip
+        script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "report.py")
+        env = scheduler_free_environment(PHALANX_ETCD_PASSWORD="pw")
+        run = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
+               "--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--rendezvous", url]  # fmt: skip
+        nodes = [
+            subprocess.Popen(
+                [*run, "--node-rank", str(node), script, "TLS"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for node in (0, 1)
+        ]
+        outputs = [node.communicate(timeout=180) for node in nodes]
+        lines = []
+        for node, (out, err) in zip(nodes, outputs, strict=True):
+            assert node.returncode == 0, err[-3000:]
+            lines += [line for line in out.splitlines() if "TLS strategy=" in line]
+        assert sorted(line.split()[-2:] for line in lines) == [["world=2", "rank=0"], ["world=2", "rank=1"]]
+        # The job's state is where the URL said, written as the user.
+        client = _etcd3.Etcd3(cluster.endpoints, access=cluster.access(user="job", password="pw"))
+        found, _ = client.read([b"/phalanx/tls-job/store/phalanx/restarts"])
+        assert found[0] is not None
+        # A client certificate with a CommonName, which the gateway refuses
+        # while authentication is on, is named with what to do.
+        from phalanx_core import UnavailableError
+        from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+
+        named = url.replace("client.pem", "named.pem").replace("client.key", "named.key")
+        monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "pw")
+        with pytest.raises(UnavailableError, match="give a client certificate without one"):
+            _check_etcd(parse_rendezvous(named, "127.0.0.1", 1), 5)
+    finally:
+        cluster.close()

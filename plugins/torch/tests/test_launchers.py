@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -581,6 +582,47 @@ def test_script_mode_refuses_what_is_not_a_script():
     assert "REFUSED launcher 'subprocess' re-runs this process's script" in job.stdout, job.describe()
     assert "python -c, a notebook or a REPL" in job.stdout
     assert "use launcher='spawn' or launcher='fork'" in job.stdout
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        (
+            "cacert=/nonexistent/ca.pem",
+            "cacert='/nonexistent/ca.pem': no file to read at /nonexistent/ca.pem",
+        ),
+        (
+            "password=x",
+            "password='x' is not a parameter; its parameters are cacert=..., cert=..., key=..., user=...",
+        ),
+        ("user=a&user=b", "'user' is given twice"),
+        ("key=/etc/hostname", "key= without cert="),
+        ("cacert=", "cacert='' is not a parameter"),
+    ],
+)
+def test_bad_tls_and_user_parameters_of_an_etcd_rendezvous_are_named(query, message):
+    with pytest.raises(MisconfigurationError, match=re.escape(message)):
+        SubprocessLauncher(num_nodes=2, node_rank=0, rendezvous=f"etcd+https://127.0.0.1:2379/job?{query}")
+    with pytest.raises(
+        MisconfigurationError, match=re.escape("cacert are TLS's; reach the members over TLS")
+    ):
+        SubprocessLauncher(
+            num_nodes=2, node_rank=0, rendezvous="etcd://127.0.0.1:2379/job?cacert=/etc/hostname"
+        )
+
+
+def test_an_etcd_rendezvous_over_tls_as_a_user_is_parsed(tmp_path, monkeypatch):
+    (tmp_path / "ca.pem").write_text("")
+    monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "pw")
+    monkeypatch.chdir(tmp_path)
+    launcher = SubprocessLauncher(
+        num_nodes=2, node_rank=0, rendezvous="etcd+https://a:1,b/job?cacert=ca.pem&user=me"
+    )
+    place = launcher._place()
+    assert place.endpoints == (("a", 1), ("b", 2379)) and place.name == "job"
+    access = place.access
+    assert access.tls and access.cacert == str(tmp_path / "ca.pem")  # made absolute
+    assert (access.user, access.password) == ("me", "pw") and "pw" not in repr(access)
 
 
 def test_subprocess_options_are_checked(monkeypatch):

@@ -107,7 +107,8 @@ class SubprocessLauncher(Launcher):
             (default; a store that node 0's launching process hosts at the
             main address and port) or ``"etcd://HOST:PORT,HOST:PORT/NAME"``
             (an etcd cluster, 3.4 or later, spoken to on its v3 API: no
-            node is then a single point of failure).
+            node is then a single point of failure; ``etcd+https://``
+            over TLS, with ``?cacert=...&cert=...&key=...&user=...``).
         last_call: seconds a round that has ``min_nodes`` waits for more
             nodes before it starts (default 3; only where ``min_nodes`` is
             below ``num_nodes``).

@@ -24,10 +24,12 @@ import datetime
 import functools
 import http.client
 import json
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 #: How long a request is tried again, member after member, while none can
@@ -45,6 +47,49 @@ BRIEF_PATIENCE = 2.0
 _TRANSIENT_CODES = frozenset({4, 10, 13, 14})
 #: gRPC's "not found": a lease that expired.
 _NOT_FOUND = 5
+#: gRPC's "unauthenticated": an auth token that expired (etcd's simple
+#: tokens after 5 idle minutes, a JWT at its end); a new one is asked for.
+_UNAUTHENTICATED = 16
+
+
+@dataclass(frozen=True)
+class Access:
+    """How this process reaches the members: over TLS (``tls``; the CA
+    that signed the members' certificates, ``cacert``, else the system's;
+    this client's certificate and key, ``cert`` and ``key``, where the
+    members ask for one), and as ``user`` with ``password`` where the
+    cluster has authentication on."""
+
+    tls: bool = False
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def context(self) -> ssl.SSLContext | None:
+        """The TLS context of every connection (None: plain HTTP)."""
+        return _context(self.cacert, self.cert, self.key) if self.tls else None
+
+    def connection(self, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
+        if self.tls:
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self.context())
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+@functools.cache
+def _context(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=cacert)
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+PLAIN = Access()
 
 
 _PATIENCE_HERE = threading.local()
@@ -66,6 +111,13 @@ def briefly(patience: float = BRIEF_PATIENCE) -> Iterator[None]:
 
 class EtcdUnavailable(ConnectionError):
     """No member of the etcd cluster answered for :data:`PATIENCE` seconds."""
+
+
+class EtcdTLSError(ConnectionError):
+    """A member's TLS could not be agreed with (a certificate this
+    client does not trust or that names another host, a member that
+    speaks plain HTTP, or one that wants a client certificate): asking
+    again will not change it."""
 
 
 class EtcdRequestError(RuntimeError):
@@ -117,9 +169,13 @@ _FIRST_LOCK = threading.Lock()
 class Etcd3:
     """A client of the members at ``endpoints`` ((host, port) pairs)."""
 
-    def __init__(self, endpoints: Sequence[tuple[str, int]], *, patience: float = PATIENCE) -> None:
+    def __init__(
+        self, endpoints: Sequence[tuple[str, int]], *, patience: float = PATIENCE, access: Access = PLAIN
+    ) -> None:
         self.endpoints = list(endpoints)
         self.patience = patience
+        self.access = access
+        self._token: str | None = None
         self._cluster = tuple(self.endpoints)
         with _FIRST_LOCK:
             self._next = _FIRST.get(self._cluster, 0)
@@ -143,13 +199,30 @@ class Etcd3:
     def _once(self, member: tuple[str, int], path: str, body: dict[str, Any], timeout: float) -> Any:
         """One request to one member: its connection, with the response
         not yet read (a watch streams)."""
-        connection = http.client.HTTPConnection(*member, timeout=timeout)
+        headers = {"Content-Type": "application/json"}
+        if self.access.user and path != "auth/authenticate":
+            headers["Authorization"] = self._token_now()
+        connection = self.access.connection(*member, timeout=timeout)
         try:
-            connection.request("POST", f"/v3/{path}", json.dumps(body), {"Content-Type": "application/json"})
+            connection.request("POST", f"/v3/{path}", json.dumps(body), headers)
             return connection, connection.getresponse()
+        except ssl.SSLError as exc:
+            connection.close()
+            raise _tls_error(member, exc, self.access) from None
         except BaseException:
             connection.close()
             raise
+
+    def _token_now(self) -> str:
+        """The auth token of this client's user, asked for once (and again
+        after :meth:`call` finds it expired)."""
+        token = self._token
+        if token is None:
+            answer = self.call(
+                "auth/authenticate", {"name": self.access.user, "password": self.access.password}
+            )
+            token = self._token = str(answer["token"])
+        return token
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v3/<path>``, tried member after member while none can
@@ -157,6 +230,7 @@ class Etcd3:
         patience = getattr(_PATIENCE_HERE, "value", None) or self.patience
         deadline = time.monotonic() + patience
         last = ""
+        renewed = False
         while True:
             member = self._member()
             try:
@@ -165,6 +239,8 @@ class Etcd3:
                     text = response.read()
                 finally:
                     connection.close()
+            except (EtcdTLSError, EtcdUnavailable):  # this member's TLS; or no token could be had
+                raise
             except (OSError, http.client.HTTPException) as exc:
                 last = f"{member[0]}:{member[1]}: {type(exc).__name__}: {exc}"
             else:
@@ -176,10 +252,17 @@ class Etcd3:
                         raise EtcdRequestError(
                             f"{member[0]}:{member[1]} has no /v3/{path} (HTTP 404: {text[:80]!r})", None
                         ) from None
+                    if 400 <= response.status < 500:  # not etcd's answer (plain HTTP to a TLS port: 400)
+                        raise EtcdRequestError(
+                            f"{member[0]}:{member[1]} answered HTTP {response.status}: {text[:120]!r}", None
+                        ) from None
                 if "error" not in answer and "code" not in answer and response.status < 500:
                     return answer
                 code = answer.get("code")
                 message = str(answer.get("message") or answer.get("error") or f"HTTP {response.status}")
+                if code == _UNAUTHENTICATED and self.access.user and not renewed:
+                    self._token, renewed = None, True  # expired: a new token, and once more
+                    continue
                 if code not in _TRANSIENT_CODES and response.status < 500:
                     raise EtcdRequestError(f"etcd at {member[0]}:{member[1]}: {message}", code)
                 last = f"{member[0]}:{member[1]}: {message}"
@@ -360,9 +443,11 @@ def _store_class() -> type:
     return Etcd3Store
 
 
-def job_store(endpoints: Sequence[tuple[str, int]], prefix: str, timeout: float) -> Any:
+def job_store(
+    endpoints: Sequence[tuple[str, int]], prefix: str, timeout: float, access: Access = PLAIN
+) -> Any:
     """The job's store in etcd under ``prefix``."""
-    return _store_class()(Etcd3(endpoints), prefix, timeout)
+    return _store_class()(Etcd3(endpoints, access=access), prefix, timeout)
 
 
 @functools.cache
@@ -429,17 +514,39 @@ def _backend_class() -> type:
     return Etcd3RendezvousBackend
 
 
-def rendezvous_backend(endpoints: Sequence[tuple[str, int]], key: str) -> Any:
+def rendezvous_backend(endpoints: Sequence[tuple[str, int]], key: str, access: Access = PLAIN) -> Any:
     """The dynamic rendezvous' backend, its state at ``key``."""
-    return _backend_class()(Etcd3(endpoints), key)
+    return _backend_class()(Etcd3(endpoints, access=access), key)
 
 
-def versions(endpoints: Sequence[tuple[str, int]]) -> dict[str, str]:
+def _tls_error(member: tuple[str, int], exc: ssl.SSLError, access: Access) -> EtcdTLSError:
+    """What went wrong with ``member``'s TLS, and what to do. A member that
+    speaks plain HTTP and one that wants a client certificate both close
+    the connection (TLS 1.3): a handshake without checks tells them apart."""
+    where = f"{member[0]}:{member[1]}"
+    reason = getattr(exc, "reason", None) or str(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        hint = (
+            f"the member's certificate is not one this client trusts ({exc.verify_message}): give the CA "
+            "that signed it (cacert=PATH)"
+        )
+        if exc.verify_code == 62:  # "hostname mismatch"
+            hint += ", and reach the member at a name or address that its certificate names"
+    elif not speaks_tls([member]):
+        hint = "the member speaks plain HTTP, not TLS: use etcd://, not etcd+https://"
+    elif not access.cert:
+        hint = "the member asks for a client certificate: give cert=PATH and key=PATH"
+    else:
+        hint = "the member refused this client's certificate: is it signed by a CA the member trusts?"
+    return EtcdTLSError(f"etcd at {where}: TLS failed ({reason}): {hint}")
+
+
+def versions(endpoints: Sequence[tuple[str, int]], access: Access = PLAIN) -> dict[str, str]:
     """The members that answer etcd's ``/version`` (any etcd does), with
     their versions."""
     found = {}
     for host, port in endpoints:
-        connection = http.client.HTTPConnection(host, port, timeout=2)
+        connection = access.connection(host, port, timeout=2)
         try:
             connection.request("GET", "/version")
             found[f"{host}:{port}"] = str(json.loads(connection.getresponse().read())["etcdserver"])
@@ -450,7 +557,27 @@ def versions(endpoints: Sequence[tuple[str, int]]) -> dict[str, str]:
     return found
 
 
-def check_reachable(endpoints: Sequence[tuple[str, int]], patience: float) -> None:
+def speaks_tls(endpoints: Sequence[tuple[str, int]]) -> list[str]:
+    """The members that complete a TLS handshake (their certificates not
+    checked): what a plain-HTTP client cannot reach (etcd closes the
+    connection without a word)."""
+    import socket
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    found = []
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=2) as raw, context.wrap_socket(raw):
+                found.append(f"{host}:{port}")
+        except OSError:
+            continue
+    return found
+
+
+def check_reachable(endpoints: Sequence[tuple[str, int]], patience: float, access: Access = PLAIN) -> None:
     """Raise :class:`EtcdUnavailable` unless a member answers a v3 read
-    within ``patience`` seconds."""
-    Etcd3(endpoints, patience=patience).read([b"/phalanx/.ping"])
+    within ``patience`` seconds (:class:`EtcdTLSError` at once where TLS
+    cannot be agreed with a member)."""
+    Etcd3(endpoints, patience=patience, access=access).read([b"/phalanx/.ping"])

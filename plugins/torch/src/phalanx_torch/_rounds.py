@@ -114,6 +114,8 @@ class RendezvousPlace:
     kind: str
     endpoints: tuple[tuple[str, int], ...]
     name: str
+    #: How the etcd members are reached (``_etcd3.Access``: TLS, a user).
+    access: Any = None
 
     @property
     def endpoint(self) -> str:
@@ -121,8 +123,17 @@ class RendezvousPlace:
 
     def describe(self) -> str:
         if self.kind == "etcd":
-            return f"etcd at {self.endpoint} (job {self.name!r})"
+            tls = " over TLS" if self.access is not None and self.access.tls else ""
+            return f"etcd at {self.endpoint}{tls} (job {self.name!r})"
         return f"node 0's store at {self.endpoint}"
+
+
+#: The environment variable that holds the password of ``user=`` in an
+#: etcd rendezvous (never in the URL: a command line is visible to every
+#: user of the host).
+ETCD_PASSWORD_VAR = "PHALANX_ETCD_PASSWORD"
+#: The query parameters of an etcd rendezvous.
+_ETCD_PARAMETERS = ("cacert", "cert", "key", "user")
 
 
 def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> RendezvousPlace:
@@ -130,17 +141,25 @@ def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> Re
     store at the main address and port), or
     ``"etcd://HOST[:PORT],HOST[:PORT].../NAME"`` (an etcd cluster, 3.4 or
     later, spoken to on its v3 API; ``NAME``, default ``phalanx-<main port>``, tells jobs that share
-    the cluster apart)."""
+    the cluster apart); ``etcd+https://`` reaches the members over TLS.
+    Query parameters: ``cacert``, ``cert``, ``key`` (TLS: the CA of the
+    members' certificates, this client's certificate and key) and
+    ``user`` (its password in ``PHALANX_ETCD_PASSWORD``)."""
     if value is None or value == "c10d":
         return RendezvousPlace("c10d", ((main_address, main_port),), f"phalanx-{main_address}:{main_port}")
     wrong = MisconfigurationError(
         f"launcher 'subprocess': rendezvous={value!r}; give 'c10d' (node 0 hosts the store, the "
         "default) or 'etcd://HOST[:PORT],HOST[:PORT]/NAME' (an etcd cluster, 3.4 or later, one member or "
-        "more; NAME tells jobs apart)"
+        "more; NAME tells jobs apart; etcd+https:// for TLS, with ?cacert=PATH&cert=PATH&key=PATH)"
     )
-    if not isinstance(value, str) or not value.startswith("etcd://"):
+    if not isinstance(value, str):
         raise wrong
-    hosts, _, name = value[len("etcd://") :].partition("/")
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("etcd", "etcd+https"):
+        raise wrong
+    rest, _, query = rest.partition("?")
+    access = _etcd_access(value, scheme == "etcd+https", query)
+    hosts, _, name = rest.partition("/")
     endpoints = []
     for item in hosts.split(","):
         parsed = urllib.parse.urlsplit(f"//{item.strip()}")
@@ -152,7 +171,55 @@ def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> Re
             raise wrong
         endpoints.append((parsed.hostname, port))
     name = name.strip("/") or f"phalanx-{main_port}"
-    return RendezvousPlace("etcd", tuple(endpoints), name)
+    return RendezvousPlace("etcd", tuple(endpoints), name, access)
+
+
+def _etcd_access(value: str, tls: bool, query: str) -> Any:
+    """The ``_etcd3.Access`` that an etcd rendezvous' scheme and query
+    parameters ask for; what is wrong with them, named."""
+    from . import _etcd3
+
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        pairs = [("", query)]
+    given: dict[str, str] = {}
+    for name, text in pairs:
+        if name not in _ETCD_PARAMETERS or name in given or not text:
+            raise MisconfigurationError(
+                f"launcher 'subprocess': rendezvous={value!r}: "
+                + (f"{name!r} is given twice" if name in given else f"{name}={text!r} is not a parameter")
+                + f"; its parameters are {', '.join(p + '=...' for p in _ETCD_PARAMETERS)}, each once, "
+                "with a value"
+            )
+        given[name] = text
+    files = {name: given[name] for name in ("cacert", "cert", "key") if name in given}
+    if files and not tls:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': rendezvous={value!r}: {', '.join(files)} are TLS's; "
+            "reach the members over TLS with etcd+https://"
+        )
+    if "key" in files and "cert" not in files:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': rendezvous={value!r}: key= without cert=; give the client's "
+            "certificate too (cert=PATH)"
+        )
+    for name, path in files.items():
+        full = os.path.abspath(os.path.expanduser(path))
+        if not os.access(full, os.R_OK) or not os.path.isfile(full):
+            raise MisconfigurationError(
+                f"launcher 'subprocess': rendezvous={value!r}: {name}={path!r}: no file to read at {full} "
+                "on this host (each node reads its own)"
+            )
+        files[name] = full
+    user = given.get("user")
+    password = os.environ.get(ETCD_PASSWORD_VAR) if user else None
+    if user and password is None:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': rendezvous={value!r}: user={user!r} needs its password in "
+            f"{ETCD_PASSWORD_VAR}, on every node (not in the URL, which every user of the host can see)"
+        )
+    return _etcd3.Access(tls=tls, user=user, password=password, **files)
 
 
 def register() -> str:
@@ -173,7 +240,7 @@ def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> An
         from . import _etcd3
 
         _check_etcd(place, timeout)
-        return _etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout)
+        return _etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
     if host is not None:
@@ -193,10 +260,31 @@ def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
     from . import _etcd3
 
     wait = min(timeout, ETCD_START_WAIT)
+    access = place.access or _etcd3.PLAIN
     try:
-        _etcd3.check_reachable(place.endpoints, wait)
+        _etcd3.check_reachable(place.endpoints, wait, access)
+    except _etcd3.EtcdTLSError as exc:
+        raise UnavailableError(f"rendezvous in etcd ({place.endpoint}): {exc}") from None
     except _etcd3.EtcdRequestError as exc:
-        answered = _etcd3.versions(place.endpoints)
+        if "CommonName of client" in str(exc):
+            raise UnavailableError(
+                f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): with "
+                "authentication on, etcd's JSON gateway (the API phalanx speaks) refuses a client "
+                "certificate that has a CommonName; give a client certificate without one (the user "
+                "is then user=NAME's)"
+            ) from None
+        if exc.code is not None:  # etcd's own refusal: authentication
+            what = (
+                f"check user={access.user!r} and its password in {ETCD_PASSWORD_VAR}; the user needs a "
+                "role that may read and write the keys under /phalanx/"
+                if access.user
+                else f"a cluster with authentication on needs ?user=NAME in --rendezvous and its password "
+                f"in {ETCD_PASSWORD_VAR}"
+            )
+            raise UnavailableError(
+                f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): {what}"
+            ) from None
+        answered = _etcd3.versions(place.endpoints, access)
         found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
         raise UnavailableError(
             f"rendezvous in etcd ({place.endpoint}): {found or 'a server'} answered, but not on etcd's "
@@ -205,7 +293,15 @@ def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
         ) from None
     except _etcd3.EtcdUnavailable as exc:
         members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
-        answered = _etcd3.versions(place.endpoints)
+        tls = [] if access.tls else _etcd3.speaks_tls(place.endpoints)
+        if tls:
+            raise UnavailableError(
+                f"rendezvous in etcd ({place.endpoint}): {', '.join(tls)} "
+                f"speak{'s' if len(tls) == 1 else ''} TLS, and a plain-HTTP request is closed unanswered: "
+                "reach the members with etcd+https://..., with ?cacert=PATH (and cert=PATH&key=PATH "
+                "where they ask for a client certificate)"
+            ) from None
+        answered = _etcd3.versions(place.endpoints, access)
         if answered:
             found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
             raise UnavailableError(
@@ -239,7 +335,8 @@ def _create(params: Any) -> Any:
         from . import _etcd3
 
         key = f"/phalanx/{place.name}/rendezvous/{params.run_id}"
-        inner = dynamic.create_handler(store, _etcd3.rendezvous_backend(place.endpoints, key), params)
+        backend = _etcd3.rendezvous_backend(place.endpoints, key, place.access)
+        inner = dynamic.create_handler(store, backend, params)
         # Heartbeats try briefly: elastic's heartbeat holds the lock that
         # its look for joining nodes (every monitor interval) takes, so
         # a heartbeat that waited out etcd's full patience held the agent
