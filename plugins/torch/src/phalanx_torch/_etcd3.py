@@ -164,6 +164,10 @@ def _records(answer: dict[str, Any]) -> list[dict[str, Any] | None]:
 #: waited :data:`REQUEST_TIMEOUT`).
 _FIRST: dict[tuple[tuple[str, int], ...], int] = {}
 _FIRST_LOCK = threading.Lock()
+#: For each cluster, user and password, the auth token this process's
+#: clients send.
+_TOKENS: dict[tuple[tuple[tuple[str, int], ...], str, str], str] = {}
+_TOKENS_LOCK = threading.Lock()
 
 
 class Etcd3:
@@ -175,8 +179,8 @@ class Etcd3:
         self.endpoints = list(endpoints)
         self.patience = patience
         self.access = access
-        self._token: str | None = None
         self._cluster = tuple(self.endpoints)
+        self._user_key = (self._cluster, access.user or "", access.password or "")
         with _FIRST_LOCK:
             self._next = _FIRST.get(self._cluster, 0)
         self._lock = threading.Lock()
@@ -196,12 +200,18 @@ class Etcd3:
         with _FIRST_LOCK:
             _FIRST[self._cluster] = following
 
-    def _once(self, member: tuple[str, int], path: str, body: dict[str, Any], timeout: float) -> Any:
+    def _sent_token(self, path: str) -> str | None:
+        """The auth token a request to ``path`` carries, if any."""
+        return self._token_now() if self.access.user and path != "auth/authenticate" else None
+
+    def _once(
+        self, member: tuple[str, int], path: str, body: dict[str, Any], timeout: float, token: str | None
+    ) -> Any:
         """One request to one member: its connection, with the response
         not yet read (a watch streams)."""
         headers = {"Content-Type": "application/json"}
-        if self.access.user and path != "auth/authenticate":
-            headers["Authorization"] = self._token_now()
+        if token is not None:
+            headers["Authorization"] = token
         connection = self.access.connection(*member, timeout=timeout)
         try:
             connection.request("POST", f"/v3/{path}", json.dumps(body), headers)
@@ -214,15 +224,27 @@ class Etcd3:
             raise
 
     def _token_now(self) -> str:
-        """The auth token of this client's user, asked for once (and again
-        after :meth:`call` finds it expired)."""
-        token = self._token
+        """The auth token of this client's user, shared by this process's
+        clients of the cluster: etcd checks a password with bcrypt, some
+        50 ms of its time, and the rendezvous makes new clients every
+        round. Asked for again once :meth:`call` finds it expired."""
+        with _TOKENS_LOCK:
+            token = _TOKENS.get(self._user_key)
         if token is None:
             answer = self.call(
                 "auth/authenticate", {"name": self.access.user, "password": self.access.password}
             )
-            token = self._token = str(answer["token"])
+            token = str(answer["token"])
+            with _TOKENS_LOCK:
+                _TOKENS[self._user_key] = token
         return token
+
+    def _expired(self, sent: str | None) -> None:
+        """The token sent with a request was refused: the next request asks
+        for a new one (unless another client has already)."""
+        with _TOKENS_LOCK:
+            if sent is not None and _TOKENS.get(self._user_key) == sent:
+                del _TOKENS[self._user_key]
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v3/<path>``, tried member after member while none can
@@ -233,13 +255,14 @@ class Etcd3:
         renewed = False
         while True:
             member = self._member()
+            sent = self._sent_token(path)
             try:
-                connection, response = self._once(member, path, body, REQUEST_TIMEOUT)
+                connection, response = self._once(member, path, body, REQUEST_TIMEOUT, sent)
                 try:
                     text = response.read()
                 finally:
                     connection.close()
-            except (EtcdTLSError, EtcdUnavailable):  # this member's TLS; or no token could be had
+            except EtcdTLSError:  # this member's TLS: asking again will not change it
                 raise
             except (OSError, http.client.HTTPException) as exc:
                 last = f"{member[0]}:{member[1]}: {type(exc).__name__}: {exc}"
@@ -261,7 +284,8 @@ class Etcd3:
                 code = answer.get("code")
                 message = str(answer.get("message") or answer.get("error") or f"HTTP {response.status}")
                 if code == _UNAUTHENTICATED and self.access.user and not renewed:
-                    self._token, renewed = None, True  # expired: a new token, and once more
+                    self._expired(sent)  # expired: a new token, and once more
+                    renewed = True
                     continue
                 if code not in _TRANSIENT_CODES and response.status < 500:
                     raise EtcdRequestError(f"etcd at {member[0]}:{member[1]}: {message}", code)
@@ -330,7 +354,8 @@ class Etcd3:
         try:
             # A member says at once that the watch is made: one that does
             # not within REQUEST_TIMEOUT is passed over, as in call().
-            connection, response = self._once(member, "watch", body, max(0.05, min(timeout, REQUEST_TIMEOUT)))
+            wait = max(0.05, min(timeout, REQUEST_TIMEOUT))
+            connection, response = self._once(member, "watch", body, wait, self._sent_token("watch"))
             while time.monotonic() < deadline:
                 line = response.readline()
                 if not line:  # the member closed the stream
