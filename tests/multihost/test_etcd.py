@@ -439,3 +439,37 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
             _check_etcd(parse_rendezvous(named, "127.0.0.1", 1), 5)
     finally:
         cluster.close()
+
+
+def test_a_server_that_is_not_etcd_is_named_as_such(tmp_path):
+    # A web server where the URL says etcd (a wrong port, a proxy):
+    # Python's own, which answers POST with 501 and has no /version.
+    from phalanx_core import UnavailableError
+    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+
+    (port,) = _free_ports(1)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the web server did not start"
+                time.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(UnavailableError) as info:
+            _check_etcd(parse_rendezvous(f"etcd://127.0.0.1:{port}/job", "127.0.0.1", 1), 20)
+        said = str(info.value)
+        assert "a server answered, but not on etcd's v3 API" in said and "HTTP 501" in said, said
+        assert "Use etcd 3.4 or later" in said, said
+        assert time.monotonic() - started < 10  # named at once, not after the 20 s of patience
+    finally:
+        server.kill()
+        server.wait(30)

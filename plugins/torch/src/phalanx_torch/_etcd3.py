@@ -275,7 +275,9 @@ class Etcd3:
                         raise EtcdRequestError(
                             f"{member[0]}:{member[1]} has no /v3/{path} (HTTP 404: {text[:80]!r})", None
                         ) from None
-                    if 400 <= response.status < 500:  # not etcd's answer (plain HTTP to a TLS port: 400)
+                    if 400 <= response.status < 500 or response.status == 501:
+                        # Not an answer of etcd's gateway, which always
+                        # answers JSON: another server (501: no POST).
                         raise EtcdRequestError(
                             f"{member[0]}:{member[1]} answered HTTP {response.status}: {text[:120]!r}", None
                         ) from None
