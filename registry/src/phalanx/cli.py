@@ -482,7 +482,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="where several nodes meet: c10d (default; node 0 hosts the store at --main-address) or "
         "etcd://HOST:PORT,HOST:PORT/NAME (an etcd cluster: losing any node, node 0's too, leaves "
-        "the job running; the launcher's rendezvous option)",
+        "the job running; etcd+https://...?cacert=PATH&cert=PATH&key=PATH&user=NAME over TLS, the "
+        "password in PHALANX_ETCD_PASSWORD; the launcher's rendezvous option)",
     )
     p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
     p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
