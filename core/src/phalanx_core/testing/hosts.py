@@ -195,6 +195,14 @@ class TestBed:
         done = subprocess.run(command, capture_output=True, text=True, timeout=30)
         return [int(pid) for pid in done.stdout.split()]
 
+    def cut(self, host: Host) -> None:
+        """Cut ``host`` off the network (its port of the bridge down):
+        what it sends is lost, and nothing of it reaches the others, not
+        even the closing of its connections (as a host that loses its
+        power or its network). Kill its processes after, with
+        :meth:`kill_all`, for a host that never comes back."""
+        _ip("-n", self.switch, "link", "set", f"port{self.hosts.index(host)}", "down")
+
     def kill_all(self, host: Host) -> int:
         """SIGKILL every process of ``host`` at once, as a lost machine
         would end them; return how many there were."""

@@ -54,6 +54,7 @@ from ._elastic_rendezvous import (
     create_static_rendezvous,
     register_rendezvous,
 )
+from ._heartbeat import Heartbeat, interval_for
 from ._listen import listen_address, one_thread
 from ._node_watch import NodeWatch
 from ._ranks import (
@@ -290,7 +291,7 @@ class SubprocessLauncher(Launcher):
             newer["shutdown_timeout"] = STOP_GRACE
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         if self._hosts_store:
-            allow_connections(3 * self.num_nodes)
+            allow_connections(4 * self.num_nodes)
         rendezvous = self._rendezvous()
         rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(say, who)
         gloo = listen_variables(rendezvous.pop("listen"))
@@ -317,11 +318,19 @@ class SubprocessLauncher(Launcher):
         )
         watch = NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
         node = self.node_rank if self.num_nodes > 1 else None
+        heartbeat = None
+        if self.elastic:  # a host lost without a word fails the round
+            connect = self._watch_store()
+            assert connect is not None  # several nodes
+            silent = None
+            if self._place().kind == "c10d" and not self._hosts_store:
+                silent = functools.partial(self._store_silent, who)
+            heartbeat = Heartbeat(connect, interval_for(self.num_nodes, self._place().kind), on_silent=silent)
         with (
             _variables(variables),
             signal_handlers_kept(),
             watch,
-            agent_class(who, self.max_restarts, node, elastic=self.elastic),
+            agent_class(who, self.max_restarts, node, elastic=self.elastic, heartbeat=heartbeat),
         ):
             # A signal from the watch may come while this node handles a
             # failure of its own ranks, before settle() tells the watch to
@@ -407,6 +416,21 @@ class SubprocessLauncher(Launcher):
             return None
         place, timeout = self._place(), self.rendezvous_timeout
         return lambda: job_store(place, host=None, timeout=timeout)
+
+    def _store_silent(self, who: str, heartbeat: Any, seconds: float) -> None:
+        """Node 0's store has not answered the heartbeat for ``seconds``:
+        node 0 is lost without a word, and every request to its store waits
+        for TCP to give up (a quarter of an hour), elastic's agent among
+        them. Stop this node's ranks, say so, and end this process: nothing
+        else can end the agent's wait."""
+        error = self._node_zero_lost(TimeoutError(f"no answer for {seconds:.0f} s"))
+        agent = heartbeat.agent
+        with contextlib.suppress(Exception):  # stopping what can be stopped; the exit follows
+            if agent is not None and getattr(agent, "_pcontext", None) is not None:
+                agent._pcontext.close()
+        say(who, str(error))
+        sys.stdout.flush()
+        os._exit(1)
 
     def _node_zero_lost(self, exc: BaseException) -> WorkerFailedError:
         place = self._place()

@@ -19,6 +19,7 @@ from typing import Any
 
 from phalanx_core.launching import RankFailure, root_cause, signal_name
 
+from ._heartbeat import LOST_AFTER, Heartbeat
 from ._ranks import RESULTS_DIR_VAR
 
 
@@ -45,18 +46,21 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
 
 
 @contextlib.contextmanager
-def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: bool) -> Iterator[None]:
+def agent_class(
+    who: str, max_restarts: int, node_rank: int | None, *, elastic: bool, heartbeat: Heartbeat | None = None
+) -> Iterator[None]:
     """While elastic's launch runs, its agent (torch's LocalElasticAgent)
     is this subclass, which says each restart and the rank that caused it
     (:func:`_say_restart`; elastic's own log line names the rank its
     whole-second timestamps make first, often a rank it stopped itself),
     and, for a job in rounds (:mod:`._rounds`), counts restarts for the
     job rather than for this node and gives the ranks their node's rank in
-    the round (``NODE_RANK``)."""
+    the round (``NODE_RANK``); with ``heartbeat``, a node that stops
+    beating (:mod:`._heartbeat`) fails the round like a failed rank."""
     if not max_restarts and not elastic:
         yield
         return
-    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.launcher import api
 
     launcher_api: Any = api
@@ -70,8 +74,18 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
             handler = self._worker_group.spec.rdzv_handler
             return handler if hasattr(handler, "count_failure") else None
 
+        #: The node that stopped beating, as the heartbeat said it: (node rank, host).
+        _lost: tuple[int, str] | None = None
+
         def _monitor_workers(self, worker_group: Any) -> Any:
-            self._last = result = super()._monitor_workers(worker_group)
+            result = super()._monitor_workers(worker_group)
+            self._lost = None
+            if heartbeat is not None and heartbeat.lost is not None and result.state == WorkerState.HEALTHY:
+                # Our ranks wait in a collective for a host that will never
+                # answer (gloo's timeout is 30 minutes): the round failed.
+                self._lost = heartbeat.lost
+                result = RunResult(state=WorkerState.FAILED)
+            self._last = result
             self._joining = False
             rounds = self._rounds()
             if rounds is not None and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
@@ -92,11 +106,20 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
                     # The job's count, this round's failure included; elastic
                     # then restarts while its own count stays above 0.
                     self._remaining_restarts = max(0, max_restarts - rounds.count_failure() + 1)
+            if self._lost is not None and self._remaining_restarts <= 0:
+                from phalanx_core import NodeLostError
+
+                node, host = self._lost
+                words = f"{_lost_words(self._lost)}, and the job has no restarts left"
+                raise NodeLostError(words, node=node, address=host)
             return result
 
         def _rendezvous(self, worker_group: Any) -> None:
             super()._rendezvous(worker_group)
             rounds = self._rounds()
+            if rounds is not None and heartbeat is not None:
+                heartbeat.agent = self  # whose ranks to stop if the store goes silent
+                heartbeat.start_round(rounds.round, worker_group.group_rank, worker_group.group_world_size)
             if rounds is not None:
                 self._remaining_restarts = max(0, max_restarts - rounds.restarts())
                 os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
@@ -126,13 +149,19 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
             # elastic logs a barrier that fails, and the job ends as it would).
             from . import _etcd3
 
+            if heartbeat is not None:
+                heartbeat.done()  # the others finishing do not take this node for lost
             with _etcd3.briefly():
                 super()._exit_barrier()
 
         def _restart_workers(self, worker_group: Any) -> None:
             last = self._last
             failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
-            if failed and not self._joining:
+            if self._lost is not None:
+                restart = max_restarts - self._remaining_restarts
+                say(who, f"{_lost_words(self._lost)}; every rank is stopped and started again "
+                    f"(restart {restart} of {max_restarts})")  # fmt: skip
+            elif failed and not self._joining:
                 restart = max_restarts - self._remaining_restarts
                 _say_restart(who, last, restart, max_restarts, node_rank)
             elif last is not None and self._failed_elsewhere():
@@ -161,6 +190,17 @@ def agent_class(who: str, max_restarts: int, node_rank: int | None, *, elastic: 
         yield
     finally:
         launcher_api.LocalElasticAgent = base
+        if heartbeat is not None:
+            heartbeat.close()
+
+
+def _lost_words(lost: tuple[int, str]) -> str:
+    node, host = lost
+    return (
+        f"node {node} (host {host}) is lost: its launching process stopped beating in the job's store "
+        f"{LOST_AFTER:g} s ago or more (a host lost without a word: its power, its network), and the ranks "
+        "wait for it in vain"
+    )
 
 
 #: This node's rank and the number of nodes in each round of the launch

@@ -88,8 +88,8 @@ def keep_alive_for(num_nodes: int) -> int:
 
 def allow_connections(count: int) -> None:
     """Raise this process's open-file limit (the soft one, up to the hard
-    one) so that the store it hosts can hold ``count`` connections: three
-    per node (its agent, and its node watch's two), which at 4,096 nodes
+    one) so that the store it hosts can hold ``count`` connections: four
+    per node (its agent, its node watch's two and its heartbeat), which at 4,096 nodes
     is above the usual soft limit of 1,024."""
     import resource
 
