@@ -42,6 +42,8 @@ nox.options.sessions = [
     "ray",
     "horovod",
     "xla",
+    "torch_range",
+    "torch_below_range",
 ]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
@@ -51,7 +53,7 @@ nox.options.error_on_missing_interpreters = True
 PIP_CONFIG = (".config/pip", ".pip")
 
 
-def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+def session(function: Callable[..., None]) -> Callable[..., None]:
     """A nox session that runs with a home directory and a temporary
     directory of its own, made empty for it and removed after, so that
     nothing an earlier run left on the machine (``~/.ray``, ``/tmp/ray``, a
@@ -60,7 +62,7 @@ def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], 
     downloads, the second says where the package indexes are."""
 
     @functools.wraps(function)
-    def run(session: nox.Session) -> None:
+    def run(session: nox.Session, **parameters: str) -> None:
         real_home = Path(os.environ.get("HOME") or Path.home())
         cache = os.environ.get("PIP_CACHE_DIR") or str(real_home / ".cache" / "pip")
         # Short paths: Ray's sockets live under TMPDIR, and a Unix socket's
@@ -75,7 +77,7 @@ def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], 
         session.env.update(HOME=str(home), TMPDIR=str(tmp), PIP_CACHE_DIR=cache)
         session.log(f"HOME={home} TMPDIR={tmp} (fresh; removed after the session)")
         try:
-            function(session)
+            function(session, **parameters)
         finally:
             shutil.rmtree(home, ignore_errors=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -83,9 +85,9 @@ def session(function: Callable[[nox.Session], None]) -> Callable[[nox.Session], 
     return nox.session(run)
 
 
-def install_packages(session: nox.Session) -> None:
+def install_packages(session: nox.Session, torch: str = TORCH) -> None:
     """torch first, then every package of the tree, editable."""
-    session.install(TORCH, "numpy")
+    session.install(torch, "numpy")
     editable: list[str] = []
     for package in PACKAGES:
         editable += ["-e", str(package)]
@@ -258,3 +260,61 @@ def xla(session: nox.Session) -> None:
     session.install(*editable)
     env = {"PHALANX_REAL_RUNS": "xla", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
     session.run("pytest", "plugins/xla/tests", *session.posargs, env=env)
+
+
+#: The oldest and the newest torch of the range phalanx supports
+#: (``torch>=2.9`` in every plugin's specs and ``torch`` extra): the oldest
+#: is torch_xla 2.9's torch (the ``xla`` session installs the same wheel, so
+#: pip's cache serves one download), the newest is the newest release this
+#: machine's package index serves (its pip is capped at 2.14.1).
+TORCH_RANGE = ["2.9.0", "2.14.1"]
+#: What ``torch_range`` runs on each end: every test of the packages that
+#: use torch, the command line's runs of examples/train.py (``phalanx run``,
+#: ``ddp`` on two ranks and a spawn strategy), and one restart after a
+#: killed rank (fsdp's checkpoints, on any world size, are the torch
+#: plugin's tests).
+RANGE_TESTS = [
+    "core/tests",
+    "registry/tests",
+    "plugins/torch/tests",
+    "plugins/compose/tests",
+    "tests/test_run.py",
+    "tests/test_restarts.py::test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened",
+]
+
+
+@session
+@nox.parametrize("torch", TORCH_RANGE)
+def torch_range(session: nox.Session, torch: str) -> None:
+    """The tests that differ between torch releases (``RANGE_TESTS``), on
+    each end of the supported range (``TORCH_RANGE``); the ``tests``
+    session runs everything on the pinned ``TORCH``. Neither end has a
+    CPU-only build on PyPI: the first run downloads a few GB, which pip
+    caches."""
+    install_packages(session, f"torch=={torch}")
+    session.install("pytest>=8", "hypothesis>=6.100")
+    session.run("pytest", *(session.posargs or RANGE_TESTS))
+
+
+#: A torch below the range: the registry must refuse it by its metadata,
+#: before anything imports it.
+TORCH_BELOW = "torch==2.5.1"
+
+
+@session
+def torch_below_range(session: nox.Session) -> None:
+    """A torch older than the range (``TORCH_BELOW``) is refused in one line
+    naming the range, by ``phalanx list``, ``explain``, ``run`` and
+    ``resolve()``, before anything imports torch (tests/real/test_torch_below.py).
+    torch is installed without its dependencies (the CUDA libraries), which
+    the refusal never needs: only its metadata is read."""
+    session.install("--no-deps", TORCH_BELOW)
+    editable: list[str] = []
+    for package in PACKAGES:
+        editable += ["-e", str(package)]
+    session.install(*editable, "pytest>=8")
+    session.run(
+        "pytest",
+        *(session.posargs or ["tests/real/test_torch_below.py"]),
+        env={"PHALANX_REAL_RUNS": "torch_below"},
+    )

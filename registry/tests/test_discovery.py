@@ -326,3 +326,70 @@ def test_a_finder_of_another_package_is_asked_through_importlib_metadata(monkeyp
     assert _read_folders("phalanx.plugins") is None
     ours, theirs = both_readers("phalanx.plugins")
     assert ours == theirs
+
+
+VERSIONED = """
+from phalanx_core import CollectiveSpec, StrategySpec, hookimpl
+
+@hookimpl
+def phalanx_collectives():
+    return [CollectiveSpec(name="pinned", target="{pkg}:Missing", needs=("oldlib>=2.9,<4",),
+                           install="pip install oldlib")]
+
+@hookimpl
+def phalanx_strategies():
+    return [StrategySpec(name="pinned_strategy", target="{pkg}:Missing", collective="pinned",
+                         needs=("oldlib>=2.9,<4",))]
+"""
+
+
+@pytest.mark.parametrize(
+    ("installed", "said"),
+    [
+        ("2.5.1", "oldlib>=2.9,<4 (oldlib 2.5.1 is installed); run: pip install 'oldlib>=2.9,<4'"),
+        ("4.0.0", "oldlib>=2.9,<4 (oldlib 4.0.0 is installed); run: pip install 'oldlib>=2.9,<4'"),
+        ("2.9.0", None),
+        ("3.1.0+local", None),
+    ],
+)
+def test_a_backend_outside_the_parts_range_is_refused_naming_the_range(
+    phalanx_distribution, phalanx_registry, only, installed, said
+):
+    """A backend's version is read from its installed distribution (a real
+    dist-info folder here), never by importing it."""
+    import io
+    import json
+    import sys
+
+    import phalanx.cli
+
+    phalanx_distribution(
+        "oldlib", version=installed, modules={"oldlib": "raise ImportError('never imported')"}
+    )
+    install_broken(phalanx_distribution, "pinned-plugin", VERSIONED)
+    only("pinned-plugin")
+    registry = phalanx_registry()
+    entry = registry.get("collective", "pinned")
+    out = io.StringIO()
+    assert phalanx.cli.main(["list", "--json"], out) == 0
+    [backend] = json.loads(out.getvalue())["backends"]
+    assert backend["installed"] == installed
+    assert backend["supported"] is (said is None)
+    assert backend["ranges"] == [{"distribution": "pinned-plugin 0.1.0", "versions": ">=2.9,<4"}]
+    out = io.StringIO()
+    assert phalanx.cli.main(["list"], out) == 0
+    verdict = "in the range of" if said is None else "NOT in the range of"
+    assert f"oldlib {installed}: {verdict} pinned-plugin 0.1.0 (>=2.9,<4)" in out.getvalue()
+    if said is None:
+        assert entry.missing() == []
+        with pytest.raises(PluginError, match="has no 'Missing'"):  # past the check, to the target
+            entry.load()
+    else:
+        assert "no: needs oldlib>=2.9,<4" in out.getvalue()
+        with pytest.raises(UnavailableError) as info:
+            entry.load()
+        assert (
+            str(info.value)
+            == f"collective 'pinned' from 'pinned-plugin' (pinned-plugin 0.1.0) supports {said}"
+        )
+    assert "oldlib" not in sys.modules

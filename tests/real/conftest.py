@@ -32,7 +32,11 @@ ROOT = HERE.parents[1]
 SCRIPT = HERE / "collective_run.py"
 MARKER = "PHALANX_RESULT "
 
-_ONLY_IN_THEIR_SESSION = {"slurm": "test_slurm.py", "mpi": "test_mpi.py"}
+_ONLY_IN_THEIR_SESSION = {
+    "slurm": "test_slurm.py",
+    "mpi": "test_mpi.py",
+    "torch_below": "test_torch_below.py",
+}
 _asked = {name.strip() for name in os.environ.get("PHALANX_REAL_RUNS", "").split(",")}
 collect_ignore = [file for name, file in _ONLY_IN_THEIR_SESSION.items() if name not in _asked]
 

@@ -3,7 +3,8 @@
 A spec names a part and says where its code lives (``target``, a
 ``"module:attr"`` string imported only when the name is used), what it needs
 (import names, checked with :func:`importlib.util.find_spec`, which imports
-nothing) and what to install when those are missing. Specs are frozen: the
+nothing, each with the versions it supports: ``"torch>=2.9"``) and what to
+install when those are missing. Specs are frozen: the
 registry decides policy (duplicates, defaults, ``"auto"``); specs only carry
 data.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "EnvironmentSpec",
     "Kind",
     "LauncherSpec",
+    "Need",
     "PrecisionSpec",
     "Spec",
     "StrategySpec",
@@ -29,6 +31,79 @@ __all__ = [
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_NEED_NAME = re.compile(r"^[A-Za-z_][\w.]*")
+_CLAUSE = re.compile(r"^(>=|<=|==|!=|>|<)\s*([0-9]+(?:\.[0-9]+)*)$")
+_RELEASE = re.compile(r"^\s*v?([0-9]+(?:\.[0-9]+)*)")
+_COMPARE = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """The release numbers a version starts with (``"2.13.0+cpu"`` ->
+    ``(2, 13, 0)``; ``"2.10.0.dev20250801"`` -> ``(2, 10, 0)``), trailing
+    zeros dropped so that ``2.9`` and ``2.9.0`` are equal; None when it
+    starts with none."""
+    match = _RELEASE.match(version)
+    if not match:
+        return None
+    numbers = [int(n) for n in match.group(1).split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
+
+@dataclass(frozen=True)
+class Need:
+    """One entry of a spec's ``needs``: an import name and, optionally, the
+    versions of its distribution (of the same name) that the part supports,
+    as comma-separated clauses of ``>=, <=, >, <, ==, !=`` and release
+    numbers: ``Need.parse("torch>=2.9,<3")``. Pre-release and local labels
+    are not compared: ``2.9.0rc1`` and ``2.9.0+cpu`` count as ``2.9.0``."""
+
+    name: str
+    versions: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Need:
+        """Read ``"name"`` or ``"name>=X,<Y"``; :class:`ValueError` names
+        what is wrong."""
+        match = _NEED_NAME.match(text.strip())
+        if not match:
+            raise ValueError(f"need {text!r} does not start with an import name")
+        name, rest = match.group(0), text.strip()[match.end() :].strip()
+        clauses = ["".join(c.split()) for c in rest.split(",")] if rest else []
+        for clause in clauses:
+            if not _CLAUSE.match(clause):
+                raise ValueError(
+                    f"need {text!r}: {clause!r} is not a version clause; write the versions as "
+                    "'>=2.9' or '>=2.9,<3' (operators >=, <=, >, <, ==, !=; release numbers only)"
+                )
+        return cls(name, ",".join(clauses))
+
+    def admits(self, version: str) -> bool:
+        """Whether ``version`` is one of the supported versions (a version
+        that starts with no release number is admitted: nothing can be said
+        of it)."""
+        have = _release(version)
+        if have is None:
+            return True
+        for clause in filter(None, self.versions.split(",")):
+            match = _CLAUSE.match(clause)
+            assert match is not None  # checked by parse
+            wanted = _release(match.group(2))
+            assert wanted is not None
+            if not _COMPARE[match.group(1)](have, wanted):
+                return False
+        return True
+
+    def __str__(self) -> str:
+        return self.name + self.versions
 
 
 class Kind(str, enum.Enum):
@@ -78,8 +153,9 @@ class Spec:
         target: ``"package.module:Class"``, imported only when the part is
             used.
         summary: one line for ``phalanx list``.
-        needs: import names the part needs (``("torch",)``); checked without
-            importing anything.
+        needs: import names the part needs, each with the versions it
+            supports where it matters (``("torch>=2.9",)``, see
+            :class:`Need`); checked without importing anything.
         install: what to run when ``needs`` are missing
             (``"pip install 'phalanx-horovod[horovod]'"``).
         options: keyword arguments given to the target's constructor, unless
@@ -118,6 +194,11 @@ class Spec:
                 f"{type(self).__name__} {self.name!r}: needs must be a tuple of import names, "
                 f"got {self.needs!r}"
             )
+        for need in self.needs:
+            try:
+                Need.parse(need)
+            except ValueError as exc:
+                raise ValueError(f"{type(self).__name__} {self.name!r}: {exc}") from None
         if not isinstance(self.options, Mapping):
             raise ValueError(
                 f"{type(self).__name__} {self.name!r}: options must be a mapping, got "

@@ -219,6 +219,42 @@ def _name_and_version(folder: str) -> tuple[str | None, str | None]:
     return headers.get("Name"), headers.get("Version")
 
 
+def distribution_version(name: str) -> str | None:
+    """The version of the installed distribution ``name`` (the first on
+    ``sys.path``), read from its metadata as :func:`entry_points` reads
+    them (``importlib.metadata`` only where the folders cannot say); None
+    when none is installed."""
+    key = normalize(name)
+    if all(
+        getattr(f, "__module__", "") == "_frozen_importlib_external" or not hasattr(f, "find_distributions")
+        for f in sys.meta_path
+    ):
+        for entry in sys.path:
+            root = entry or "."
+            if root.lower().endswith(".egg"):
+                break
+            try:
+                children = os.listdir(root)
+            except NotADirectoryError:
+                break  # a zip file on sys.path
+            except OSError:
+                continue
+            for child in children:
+                if (
+                    child.lower().endswith(_INFO)
+                    and normalize(os.path.splitext(child)[0].partition("-")[0]) == key
+                ):
+                    return _name_and_version(os.path.join(root, child))[1]
+        else:
+            return None
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def _from_importlib_metadata(group: str) -> list[EntryPoint]:
     from importlib import metadata
 

@@ -61,6 +61,10 @@ def _named(registry: Catalog, kind: Kind, value: Any, reason: str) -> Choice:
         name = name if isinstance(name, str) and name else type(value).__name__
         return Choice(kind, name, "an instance you passed", instance=value)
     entry = registry.get(kind, str(value))
+    if any(found is not None for _, found in entry.unmet()):
+        # A backend installed in a version the part does not support: said
+        # now, before any other check takes the part for missing.
+        entry.check_installed()
     return Choice(kind, entry.name, reason, entry.spec, entry.provider, options=entry.spec.options)
 
 
@@ -101,8 +105,9 @@ def _pick_accelerator(registry: Catalog, allowed: Sequence[str]) -> Choice:
     for entry in candidates:
         missing = entry.missing()
         if missing:
-            todo = entry.spec.install or f"pip install {' '.join(missing)}"
-            skipped.append(f"{entry.name}: {', '.join(missing)} not installed ({todo})")
+            absent = [need.name for need, found in entry.unmet() if found is None]
+            said = f"{', '.join(absent)} not installed" if absent else f"needs {', '.join(missing)}"
+            skipped.append(f"{entry.name}: {said} ({entry.todo()})")
             continue
         availability = entry.load().availability()
         if availability:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from phalanx_core.errors import PhalanxError, WorkerFailedError
 from phalanx_core.specs import Kind
 
-from ._entry import Entry
+from ._entry import Entry, backends
 from ._registry import Registry
 
 __all__ = ["main"]
@@ -28,8 +28,7 @@ __all__ = ["main"]
 def _availability(entry: Entry, probe: bool) -> tuple[bool, str]:
     missing = entry.missing()
     if missing:
-        todo = entry.spec.install or f"pip install {' '.join(missing)}"
-        return False, f"needs {', '.join(missing)}: {todo}"
+        return False, f"needs {', '.join(missing)}: {entry.todo()}"
     if probe and entry.kind is Kind.ACCELERATOR:
         try:
             availability = entry.load().availability()
@@ -63,8 +62,8 @@ def _columns() -> int:
 def _available_cell(entry: Entry, ok: bool, why: str, probe: bool) -> str:
     """The AVAILABLE column, short: what is missing goes below the table."""
     if not ok:
-        missing = entry.missing()
-        return f"no: needs {', '.join(missing)}" if missing else "no (see below)"
+        unmet = entry.unmet()  # the versions installed are said below the table
+        return f"no: needs {', '.join(str(need) for need, _ in unmet)}" if unmet else "no (see below)"
     if entry.kind is Kind.ACCELERATOR and not probe:
         return "installed"  # its packages are here; --probe asks the hardware
     return "yes"
@@ -102,6 +101,7 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
                 for e, ok, why in parts
             ],
             "plugins": [p.to_dict() for p in registry.plugins],
+            "backends": [b.to_dict() for b in backends([e for e, _, _ in parts])],
         }
         json.dump(data, out, indent=2)
         print(file=out)
@@ -111,6 +111,11 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
         source = f"{e.provider.distribution} {e.provider.version}" if e.provider.distribution else "run time"
         rows.append((str(e.kind), e.name, source, _available_cell(e, ok, why, args.probe), e.spec.summary))
     _table(rows, out)
+    found = backends([e for e, _, _ in parts])
+    if found:
+        print(file=out)
+        for backend in found:
+            print(backend.say(), file=out)
     unavailable: dict[tuple[str, str], set[str]] = {}
     for e, ok, why in parts:
         if not ok:
@@ -240,9 +245,13 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
             environment = strategy.environment
             network = describe(environment.main_address, environment.main_port, world, strategy.accelerator)
     listens = _listens(registry, plan)
+    needed = backends(
+        [Entry(c.spec, c.provider) for c in (*plan.parts(), *plan.composition) if c.spec and c.provider]
+    )
     if args.json:
         document = {
             **plan.to_dict(),
+            "backends": [b.to_dict() for b in needed],
             "devices_here": devices_here,
             "listens": listens,
             "network": network,
@@ -252,6 +261,8 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         print(file=out)
     else:
         print(plan.explain(devices_here), file=out)
+        for backend in needed:
+            print(f"backend      {backend.say()}", file=out)
         if listens:
             print(f"listens on   {listens}", file=out)
         if network:

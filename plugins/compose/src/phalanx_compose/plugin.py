@@ -14,8 +14,8 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             parts={"inner": "torch"},
             summary="another collective (inner=), carrying float32 as bf16 or fp16 (dtype=) in its "
             "reductions and gathers; error_feedback=True keeps what rounding lost for the next all-reduce",
-            needs=("torch",),
-            install="pip install torch",
+            needs=("torch>=2.9",),
+            install="pip install 'torch>=2.9'",
         ),
         CollectiveSpec(
             name="hierarchical",
@@ -23,7 +23,7 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             parts={"intra": "torch", "inter": "torch"},
             summary="one collective within each node (intra=), another across the nodes (inter=): "
             "all_reduce as reduce-scatter, cross-node all-reduce, all-gather",
-            needs=("torch",),
-            install="pip install torch",
+            needs=("torch>=2.9",),
+            install="pip install 'torch>=2.9'",
         ),
     ]

@@ -18,7 +18,7 @@ INSTALL = (
     "'phalanx-horovod[horovod]' (with torch >= 2.1, horovod 0.28.1 builds only with C++17: "
     "phalanx-horovod's scripts/install-horovod.sh does it)"
 )
-_NEEDS = ("horovod", "torch")
+_NEEDS = ("horovod", "torch>=2.9")
 _PKG = "phalanx_horovod"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from phalanx_core import EnvironmentSpec, LauncherSpec, hookimpl
 
 INSTALL = "pip install 'phalanx-ray[ray]'  (ray[default] 2.60.0 and torch)"
-_NEEDS = ("ray", "torch")
+_NEEDS = ("ray", "torch>=2.9")
 
 
 @hookimpl

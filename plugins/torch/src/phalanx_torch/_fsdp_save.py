@@ -134,7 +134,10 @@ def _checkpoint_group(strategy: Any) -> Any:
     if group is None:
         import torch.distributed as dist
 
-        group = dist.new_group(backend="gloo")
+        from ._torch_versions import gloo_connection_lines_hidden
+
+        with gloo_connection_lines_hidden():
+            group = dist.new_group(backend="gloo")
         strategy._checkpoint_pg = group
     return group
 

@@ -35,6 +35,7 @@ from . import _listen
 from ._c10d_backends import bound_device, check_backend, check_backend_moves
 from ._c10d_errors import left_barrier, translate
 from ._c10d_store import StoreBoard, compare_plans, open_board, tcp_address
+from ._torch_versions import gloo_connection_lines_hidden
 from ._torch_work import TorchWork
 
 #: Set-ups of a default group in this process; every rank counts the same.
@@ -149,14 +150,15 @@ class TorchCollective(Collective):
                         found = _listen.main_host_network(seen_as, backend)
                         if found is not None:
                             os.environ.update(found.variables)
-                dist.init_process_group(
-                    backend,
-                    store=dist.PrefixStore(self._prefix, store),  # type: ignore[attr-defined]
-                    rank=rank,
-                    world_size=size,
-                    timeout=timeout,
-                    **bound_device(backend),
-                )
+                with gloo_connection_lines_hidden():
+                    dist.init_process_group(
+                        backend,
+                        store=dist.PrefixStore(self._prefix, store),  # type: ignore[attr-defined]
+                        rank=rank,
+                        world_size=size,
+                        timeout=timeout,
+                        **bound_device(backend),
+                    )
             except RuntimeError as exc:
                 raise self._translate(exc, "setup") from exc
             self._owns = True
@@ -547,7 +549,8 @@ class TorchCollective(Collective):
             )
         world = sorted(self._peer(r, "new_group", "ranks") for r in members)
         try:
-            group = dist.new_group(world, timeout=datetime.timedelta(seconds=self.timeout))
+            with gloo_connection_lines_hidden():
+                group = dist.new_group(world, timeout=datetime.timedelta(seconds=self.timeout))
         except RuntimeError as exc:
             raise self._translate(exc, "new_group") from exc
         me = self._global_ranks[self._rank] if self._rank >= 0 else -1

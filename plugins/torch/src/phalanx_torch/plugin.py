@@ -16,9 +16,13 @@ from phalanx_core import (
     hookimpl,
 )
 
-_INSTALL = "pip install torch"
+#: The torch releases phalanx-torch supports: the oldest is torch_xla 2.9's
+#: torch and the oldest tested (nox -s torch_range); no newer release is
+#: known to break. pyproject.toml's ``torch`` extra says the same to pip.
+TORCH = "torch>=2.9"
+_INSTALL = f"pip install '{TORCH}'"
 _PKG = "phalanx_torch"
-_NEEDS = ("torch",)
+_NEEDS = (TORCH,)
 
 
 @hookimpl

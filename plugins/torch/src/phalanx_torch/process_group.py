@@ -67,6 +67,8 @@ from torch.distributed import distributed_c10d as c10d
 
 from phalanx_core import Collective, MisconfigurationError, Work
 
+from ._torch_versions import premul_sum_factor
+
 __all__ = ["CollectiveProcessGroup"]
 
 #: torch's ReduceOp (by its name) -> the contract's.
@@ -432,8 +434,16 @@ class CollectiveProcessGroup(dist.ProcessGroup):
                 f"contract has no name for; it has {', '.join(sorted(set(_OPS.values())))} "
                 "(SUM, AVG, MIN, MAX, PRODUCT, PREMUL_SUM)"
             )
-        factor = getattr(reduce_op, "factor", None) if kind_name == "PREMUL_SUM" else None
-        return name, (float(factor) if factor is not None else None)
+        if kind_name != "PREMUL_SUM":
+            return name, None
+        factor = premul_sum_factor(reduce_op)
+        if factor is None:
+            raise MisconfigurationError(
+                f"{self.getBackendName()}: torch asked for ReduceOp.PREMUL_SUM, whose factor this "
+                f"torch ({torch.__version__}) does not let Python read, so it cannot be carried "
+                "over a Collective; torch 2.10 and later can. Reduce with SUM or AVG, or upgrade torch"
+            )
+        return name, factor
 
     @staticmethod
     def _tensors(tensors: Any) -> list[torch.Tensor]:

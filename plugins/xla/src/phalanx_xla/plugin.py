@@ -28,7 +28,7 @@ from phalanx_core import (
 INSTALL = "pip install 'torch==2.9.0' 'torch_xla==2.9.0'  (or: pip install 'phalanx-xla[xla]')"
 
 _PKG = "phalanx_xla"
-_NEEDS = ("torch", "torch_xla")
+_NEEDS = ("torch>=2.9", "torch_xla")
 
 
 @hookimpl
