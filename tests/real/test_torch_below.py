@@ -37,7 +37,9 @@ def test_phalanx_list_says_the_torch_is_not_in_the_range_and_every_torch_part_is
     for part in [("accelerator", "cpu"), ("strategy", "ddp"), ("strategy", "fsdp"), ("collective", "torch"),
                  ("precision", "32-true"), ("launcher", "subprocess"), ("launcher", "spawn")]:  # fmt: skip
         assert f"no: needs torch{RANGE}  " in rows[part], job.describe()
-    assert f"(phalanx-torch): needs torch{RANGE} (2.5.1 is installed): pip install 'torch{RANGE}'" in job.stdout
+    assert (
+        f"(phalanx-torch): needs torch{RANGE} (2.5.1 is installed): pip install 'torch{RANGE}'" in job.stdout
+    )
     # The cluster environments read variables and in_process runs fn: no torch.
     assert " yes " in rows[("launcher", "in_process")], job.describe()
 

@@ -43,7 +43,7 @@ RELEASE = _release(torch.__version__)
 #: time a rank of a gloo group has connected to its peers: ``[Gloo] Rank 0
 #: is connected to 1 peer ranks. Expected number of connected peer ranks is
 #: : 1``. gloo made it a log line at INFO (off by default) in September
-#: 2025, which torch 2.10 and later carry.
+#: 2025; torch 2.11, 2.13 and 2.14 print nothing (2.10 was not tried).
 _GLOO_PRINTS_CONNECTIONS = RELEASE < (2, 10)
 _GLOO_LINE = re.compile(rb"^\[Gloo\] Rank \d+ is (NOT )?connected to")
 
@@ -91,13 +91,16 @@ def _write(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-# -- torch 2.9: PREMUL_SUM's factor cannot be read ---------------------------
+# -- before torch 2.13: PREMUL_SUM's factor cannot be read ------------------
+# torch made ReduceOp.PREMUL_SUM callable and its factor readable from
+# Python in 2026: 2.13 and 2.14 have both, 2.9 and 2.11 neither (2.11 seen
+# on a GPU machine). Both are found by looking, not by release number.
 
 
 def premul_sum(factor: float) -> Any:
     """torch's ``ReduceOp`` that multiplies each input by ``factor``, then
-    sums: ``ReduceOp.PREMUL_SUM(factor)`` where it is callable (torch 2.10
-    and later), else torch's own maker of it (torch 2.9)."""
+    sums: ``ReduceOp.PREMUL_SUM(factor)`` where it is callable, else
+    torch's own maker of it (torch 2.9)."""
     make = dist.ReduceOp.PREMUL_SUM
     if callable(make):
         return make(factor)

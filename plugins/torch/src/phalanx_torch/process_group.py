@@ -441,7 +441,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
             raise MisconfigurationError(
                 f"{self.getBackendName()}: torch asked for ReduceOp.PREMUL_SUM, whose factor this "
                 f"torch ({torch.__version__}) does not let Python read, so it cannot be carried "
-                "over a Collective; torch 2.10 and later can. Reduce with SUM or AVG, or upgrade torch"
+                "over a Collective (torch 2.13 and later can). Reduce with SUM or AVG, or upgrade torch"
             )
         return name, factor
 
