@@ -1,5 +1,6 @@
 """Every way phalanx is checked, as nox sessions. ``nox`` runs the default
-ones (lint, typecheck, tests, docs, slurm, mpi, multihost, ray, horovod, xla);
+ones (lint, typecheck, tests, docs, slurm, mpi, multihost, ray, horovod, xla,
+torch_range on the oldest and the newest supported torch, torch_below_range);
 ``nox -s tests`` one of them.
 ``slurm`` and ``mpi`` install Debian packages with apt-get: they need root
 on a Debian or Ubuntu machine (CI).
@@ -7,7 +8,7 @@ on a Debian or Ubuntu machine (CI).
 Packages are derived from the tree: ``core``, ``registry`` and every folder
 under ``plugins/`` with a ``pyproject.toml``. torch is installed first, pinned
 (``torch==2.13.0`` is a local CPU build here; any other version downloads
-several GB).
+several GB), except in the sessions that test other torch releases.
 """
 
 from __future__ import annotations
