@@ -65,6 +65,25 @@ class Chain(FutureWork):
     def drive(self) -> None:
         self._pipeline.drive()
 
+    def complete(self, result: Any) -> None:
+        self._release()
+        super().complete(result)
+
+    def fail(self, error: BaseException) -> None:
+        self._release()
+        super().fail(error)
+
+    def _release(self) -> None:
+        # Before anyone waiting on this chain wakes: drop the steps and
+        # finish (closures over the levels' collectives, whose gloo groups
+        # they own) and the step in flight. Otherwise the gloo worker that
+        # completes the chain may drop the last reference to its own group
+        # after the caller has torn down, and ~ProcessGroupGloo joins
+        # itself: "Resource deadlock avoided", SIGABRT.
+        self.steps = [None] * LEVELS
+        self.finish = _released
+        self.current = None
+
 
 class Pipeline:
     """The chains in flight of one ``hierarchical`` collective, in the
@@ -129,8 +148,10 @@ class Pipeline:
                 try:
                     chain.value = work.wait()  # done: returns at once
                 except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                    del work
                     chain.fail(exc)
                     return
+                del work  # it holds its level's collective
             if chain.started == LEVELS:
                 try:
                     result = chain.finish(chain.value)
@@ -149,23 +170,32 @@ class Pipeline:
             try:
                 work = step(chain.value)
             except BaseException as exc:  # noqa: BLE001
+                del step
                 chain.started = LEVELS  # the later steps will not be started
                 chain.fail(exc)
                 return
+            del step  # a closure over its level's collective
             chain.current, chain.current_done = work, False
-            if self.notifies and not work.on_done(functools.partial(self._done, chain, work)):
+            # The callback names the step by its level, not by its handle:
+            # gloo's worker keeps the callback until after it returned,
+            # and the handle holds the level's collective (see Chain._release).
+            if self.notifies and not work.on_done(functools.partial(self._done, chain, chain.started)):
                 # One handle that could not notify after all: a thread waits for it.
-                threading.Thread(target=self._wait_for, args=(chain, work), daemon=True).start()
+                args = (chain, work, chain.started)
+                threading.Thread(target=self._wait_for, args=args, daemon=True).start()
+                del args
+            del work
 
-    def _done(self, chain: Chain, work: Work) -> None:
-        if chain.current is work:
+    def _done(self, chain: Chain, started: int) -> None:
+        if chain.current is not None and chain.started == started:
             chain.current_done = True
         self.kick()
 
-    def _wait_for(self, chain: Chain, work: Work) -> None:
+    def _wait_for(self, chain: Chain, work: Work, started: int) -> None:
         with contextlib.suppress(BaseException):  # raised again when the chain takes the result
             work.wait()
-        self._done(chain, work)
+        del work
+        self._done(chain, started)
 
     def drive(self) -> None:
         """Where nothing notifies: wait on the oldest step in flight, then
@@ -181,6 +211,10 @@ class Pipeline:
                     waiting.current.wait()
                 waiting.current_done = True
             self.kick()
+
+
+def _released(_: Any) -> Any:
+    raise RuntimeError("hierarchical: a finished chain was moved on again")
 
 
 def _notifies(collective: Collective) -> bool:
