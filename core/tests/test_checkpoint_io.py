@@ -154,7 +154,7 @@ def _kill_while_saving(path: Path, megabytes: int) -> tuple[int, int | None]:
     try:
         deadline = time.monotonic() + DEADLINE
         while saver.poll() is None and time.monotonic() < deadline:
-            growing = [p for p in partials(path.parent) if p.stat().st_size > 8 << 20]
+            growing = [p for p in partials(path.parent) if _size(p) > 8 << 20]
             if growing and path.exists():
                 saver.send_signal(signal.SIGKILL)
                 break
@@ -166,6 +166,15 @@ def _kill_while_saving(path: Path, megabytes: int) -> tuple[int, int | None]:
             saver.wait(timeout=DEADLINE)
     assert code in (0, -signal.SIGKILL), saver.stderr.read() if saver.stderr else code
     return saver.pid, code
+
+
+def _size(path: Path) -> int:
+    """0 for a temporary file renamed into place since it was listed (its
+    save finished between the listing and this look)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 @pytest.mark.subprocess
