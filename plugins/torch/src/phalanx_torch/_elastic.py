@@ -336,8 +336,8 @@ class SubprocessLauncher(Launcher):
             # failure of its own ranks, before settle() tells the watch to
             # send none (the watch read another node's post a moment
             # earlier): it is handled as any interrupt, below, from the
-            # ranks' error files (found by the multihost loop: elastic's
-            # SignalException escaped from the handler of ChildFailedError).
+            # ranks' error files (else elastic's SignalException escapes
+            # from the handler of ChildFailedError).
             try:
                 try:
                     elastic_launch(config, sys.executable)(*command)

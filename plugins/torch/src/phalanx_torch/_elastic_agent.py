@@ -93,8 +93,7 @@ def agent_class(
                 # counts the failure before it joins the next round, so a
                 # node seen waiting has counted it by the time it is read
                 # (read the other way round, the failure could be counted
-                # between the two reads, and the restart was taken for a
-                # join: tests/test_restarts.py, once in CI run13).
+                # between the two reads, and the restart taken for a join).
                 if rounds.nodes_waiting_now() and not rounds.failed():
                     # A node waits to join and no node saw this round fail:
                     # another node has stopped its ranks for the new round,

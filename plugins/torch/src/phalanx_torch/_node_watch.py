@@ -220,9 +220,7 @@ class NodeWatch:
         on the node that hosts the store, which counts the others: with a
         count of its own, or two from one node, the host left (its store
         with it) before the last node had read the cause, which then named
-        its own rank that only lost a peer (CI run of 2026-11-26, the
-        multihost failure test: node 0's watch read node 1's lost-peer post
-        and counted itself done)."""
+        its own rank that only lost a peer."""
         with self._lock:
             if self._said_done or self.hosts_store:
                 return
@@ -233,8 +231,8 @@ class NodeWatch:
         """Wake this node's watch out of its blocked wait, and let it leave:
         a thread left blocked in the store's ``wait`` (C++ without the GIL)
         that wakes while the interpreter is finalizing aborts the process
-        ("terminate called without an active exception"; found by a
-        script whose store went away as it exited: exit status 134). The
+        ("terminate called without an active exception", exit status
+        134). The
         wake is a post of its own that the other nodes skip; where the
         launch ended well it says so, and the other nodes' watches leave
         too (the job is over for all), so that the wakes of a job's end

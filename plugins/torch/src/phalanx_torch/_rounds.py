@@ -500,8 +500,8 @@ def _handler_class() -> type:
                 return restarts
             # Another node counts it: read the count it made, not the job's
             # count, which its add may not have reached yet (read too soon,
-            # this round's failure was missed, and a job out of restarts
-            # restarted once more: the multihost loop, once).
+            # this round's failure is missed, and a job out of restarts
+            # restarts once more).
             deadline = time.monotonic() + COUNT_WAIT
             while not self.round_store.check([counted]) and time.monotonic() < deadline:
                 time.sleep(0.01)
