@@ -48,30 +48,42 @@ _GLOO_PRINTS_CONNECTIONS = RELEASE < (2, 10)
 _GLOO_LINE = re.compile(rb"^\[Gloo\] Rank \d+ is (NOT )?connected to")
 
 
+#: File descriptor 1 is the process's: one group is made with it redirected
+#: at a time (a second thread would take the first one's pipe for the real
+#: output, and leave it in place).
+_STDOUT = threading.Lock()
+
+
 @contextlib.contextmanager
 def gloo_connection_lines_hidden() -> Iterator[None]:
     """Make a torch process group with gloo's connection lines left out of
     this process's standard output (torch 2.9; on later releases this does
     nothing). While the group is made, file descriptor 1 is a pipe whose
     other lines a thread passes on to the real standard output as they come,
-    so nothing else written meanwhile is lost or held back."""
+    so nothing else written meanwhile is lost or held back. A process
+    without a file descriptor 1 makes its group as it is."""
     if not _GLOO_PRINTS_CONNECTIONS:
         yield
         return
-    sys.stdout.flush()
-    real = os.dup(1)
-    read, write = os.pipe()
-    os.dup2(write, 1)
-    os.close(write)
-    thread = threading.Thread(target=_pass_on, args=(read, real), name="phalanx-gloo-lines", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
+    with _STDOUT:
         sys.stdout.flush()
-        os.dup2(real, 1)  # the pipe's last writer closes: the thread reads its end
-        thread.join()
-        os.close(real)
+        try:
+            real = os.dup(1)
+        except OSError:  # no standard output to keep clean
+            yield
+            return
+        read, write = os.pipe()
+        os.dup2(write, 1)
+        os.close(write)
+        thread = threading.Thread(target=_pass_on, args=(read, real), name="phalanx-gloo-lines", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(real, 1)  # the pipe's last writer closes: the thread reads its end
+            thread.join()
+            os.close(real)
 
 
 def _pass_on(read: int, real: int) -> None:
