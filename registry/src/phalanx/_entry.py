@@ -3,6 +3,8 @@ resolution needs of a registry, so that it needs no registry module."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import importlib.util
@@ -47,7 +49,7 @@ class Entry:
         unmet: list[tuple[Need, str | None]] = []
         for text in self.spec.needs:
             need = Need.parse(text)
-            if importlib.util.find_spec(need.name.partition(".")[0]) is None:
+            if not is_installed(need.name):
                 unmet.append((need, None))
                 continue
             found = installed_version(need.name) if need.versions else None
@@ -124,6 +126,35 @@ class Catalog(Protocol):
     def names(self, kind: Kind | str) -> list[str]: ...
 
     def get(self, kind: Kind | str, name: str) -> Entry: ...
+
+
+#: Within :func:`one_look`: what each import name's lookup found.
+_LOOKED: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("phalanx_looked", default=None)
+
+
+@contextlib.contextmanager
+def one_look() -> Iterator[None]:
+    """Within, each import name is looked up once (``phalanx list`` asks
+    whether torch is installed for every part that needs it); outside,
+    every look is made again, so that a backend installed while a process
+    runs is seen."""
+    token = _LOOKED.set({})
+    try:
+        yield
+    finally:
+        _LOOKED.reset(token)
+
+
+def is_installed(name: str) -> bool:
+    """Whether the top-level package of import name ``name`` can be
+    imported (:func:`importlib.util.find_spec`, which imports nothing)."""
+    top = name.partition(".")[0]
+    looked = _LOOKED.get()
+    if looked is None:
+        return importlib.util.find_spec(top) is not None
+    if top not in looked:
+        looked[top] = importlib.util.find_spec(top) is not None
+    return looked[top]
 
 
 @functools.lru_cache(maxsize=64)

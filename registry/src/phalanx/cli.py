@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from phalanx_core.errors import PhalanxError, WorkerFailedError
 from phalanx_core.specs import Kind
 
-from ._entry import Entry, backends
+from ._entry import Entry, backends, one_look
 from ._registry import Registry
 
 __all__ = ["main"]
@@ -74,6 +74,11 @@ SLOW_IMPORT = 0.5
 
 
 def _list(args: argparse.Namespace, out: TextIO) -> int:
+    with one_look():
+        return _list_looked(args, out)
+
+
+def _list_looked(args: argparse.Namespace, out: TextIO) -> int:
     registry = Registry()
     kinds = [Kind(args.kind)] if args.kind else list(Kind)
     parts = []
