@@ -148,14 +148,17 @@ def entry_points(group: str) -> list[EntryPoint]:
     return _from_importlib_metadata(group) if found is None else found
 
 
-def _read_folders(group: str) -> list[EntryPoint] | None:
-    """The folders' entry points, or ``None`` where a case needs importlib.metadata."""
+def _info_folders() -> list[tuple[str, str]] | None:
+    """Every distribution's ``*.dist-info`` / ``*.egg-info`` folder on
+    ``sys.path``, as (normalized name, path), the first of each name only;
+    ``None`` where a case needs importlib.metadata (another package's
+    finder, a zip or an ``.egg`` on ``sys.path``)."""
     for finder in sys.meta_path:
         standard = getattr(finder, "__module__", "") == "_frozen_importlib_external"
         if hasattr(finder, "find_distributions") and not standard:
             return None
     seen: set[str] = set()
-    found: list[EntryPoint] = []
+    folders: list[tuple[str, str]] = []
     for entry in sys.path:
         root = entry or "."
         if root.lower().endswith(".egg"):
@@ -170,15 +173,24 @@ def _read_folders(group: str) -> list[EntryPoint] | None:
             if not child.lower().endswith(_INFO):
                 continue
             key = normalize(os.path.splitext(child)[0].partition("-")[0])
-            if key in seen:
-                continue
-            seen.add(key)
-            folder = os.path.join(root, child)
-            text = _read(os.path.join(folder, "entry_points.txt"))
-            pairs = _section(text, group) if text else []
-            if pairs:
-                name, version = _name_and_version(folder)
-                found += [EntryPoint(ep, value, name, version) for ep, value in pairs]
+            if key not in seen:
+                seen.add(key)
+                folders.append((key, os.path.join(root, child)))
+    return folders
+
+
+def _read_folders(group: str) -> list[EntryPoint] | None:
+    """The folders' entry points, or ``None`` where a case needs importlib.metadata."""
+    folders = _info_folders()
+    if folders is None:
+        return None
+    found: list[EntryPoint] = []
+    for _, folder in folders:
+        text = _read(os.path.join(folder, "entry_points.txt"))
+        pairs = _section(text, group) if text else []
+        if pairs:
+            name, version = _name_and_version(folder)
+            found += [EntryPoint(ep, value, name, version) for ep, value in pairs]
     return found
 
 
@@ -224,29 +236,10 @@ def distribution_version(name: str) -> str | None:
     ``sys.path``), read from its metadata as :func:`entry_points` reads
     them (``importlib.metadata`` only where the folders cannot say); None
     when none is installed."""
-    key = normalize(name)
-    if all(
-        getattr(f, "__module__", "") == "_frozen_importlib_external" or not hasattr(f, "find_distributions")
-        for f in sys.meta_path
-    ):
-        for entry in sys.path:
-            root = entry or "."
-            if root.lower().endswith(".egg"):
-                break
-            try:
-                children = os.listdir(root)
-            except NotADirectoryError:
-                break  # a zip file on sys.path
-            except OSError:
-                continue
-            for child in children:
-                if (
-                    child.lower().endswith(_INFO)
-                    and normalize(os.path.splitext(child)[0].partition("-")[0]) == key
-                ):
-                    return _name_and_version(os.path.join(root, child))[1]
-        else:
-            return None
+    folders = _info_folders()
+    if folders is not None:
+        key = normalize(name)
+        return next((_name_and_version(folder)[1] for k, folder in folders if k == key), None)
     from importlib import metadata
 
     try:
