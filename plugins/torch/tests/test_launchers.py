@@ -613,7 +613,10 @@ def test_bad_tls_and_user_parameters_of_an_etcd_rendezvous_are_named(query, mess
 
 def test_an_etcd_rendezvous_over_tls_as_a_user_is_parsed(tmp_path, monkeypatch):
     (tmp_path / "ca.pem").write_text("")
-    monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "pw")
+    # A password no temporary path can contain by chance ("pw" was found in
+    # a random folder name of the repr's cacert once).
+    secret = "s3cret-Etcd-Password"
+    monkeypatch.setenv("PHALANX_ETCD_PASSWORD", secret)
     monkeypatch.chdir(tmp_path)
     launcher = SubprocessLauncher(
         num_nodes=2, node_rank=0, rendezvous="etcd+https://a:1,b/job?cacert=ca.pem&user=me"
@@ -622,7 +625,7 @@ def test_an_etcd_rendezvous_over_tls_as_a_user_is_parsed(tmp_path, monkeypatch):
     assert place.endpoints == (("a", 1), ("b", 2379)) and place.name == "job"
     access = place.access
     assert access.tls and access.cacert == str(tmp_path / "ca.pem")  # made absolute
-    assert (access.user, access.password) == ("me", "pw") and "pw" not in repr(access)
+    assert (access.user, access.password) == ("me", secret) and secret not in repr(access)
 
 
 def test_subprocess_options_are_checked(monkeypatch):

@@ -129,7 +129,9 @@ class Catalog(Protocol):
 
 
 #: Within :func:`one_look`: what each import name's lookup found.
-_LOOKED: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("phalanx_looked", default=None)
+_LOOKED: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar(
+    "phalanx_looked", default=None
+)
 
 
 @contextlib.contextmanager
