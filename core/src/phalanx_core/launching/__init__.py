@@ -33,7 +33,8 @@ In a rank:
   :func:`run_program` (a script or ``-m module`` as ``__main__``),
   :func:`write_whole`, :func:`dumps_result`, :func:`failure_text`, and
   :func:`exit_process`, the way out that avoids the interpreter's
-  finalization (where gloo's threads abort a finished rank).
+  finalization (where gloo's threads abort a finished rank), and
+  :func:`before_threads_join`, for a part whose threads end only when told.
 
 See the launcher author's guide in the documentation.
 """
@@ -55,6 +56,7 @@ from ._ranks import (
     PARENT_PID_VAR,
     RANK_MACHINERY,
     RESTART_COUNT_VAR,
+    before_threads_join,
     carried_variables,
     die_with_parent,
     dumps_result,
@@ -91,6 +93,7 @@ __all__ = [
     "STOP_GRACE",
     "RankFailure",
     "check_count",
+    "before_threads_join",
     "die_with_parent",
     "dumps_result",
     "exit_code_of",

@@ -10,8 +10,9 @@ import pickle
 import runpy
 import signal
 import sys
+import threading
 import traceback as traceback_module
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,6 +40,7 @@ __all__ = [
     "RANK_MACHINERY",
     "RESTART_COUNT_VAR",
     "carried_variables",
+    "before_threads_join",
     "die_with_parent",
     "dumps_result",
     "exit_code_of",
@@ -220,6 +222,49 @@ def exit_code_of(code: object) -> int:
     return 1
 
 
+#: What :func:`before_threads_join` registered and has not run yet.
+_BEFORE_JOIN: list[Callable[[], object]] = []
+_BEFORE_JOIN_LOCK = threading.Lock()
+_WATCHING: list[bool] = []  # the daemon thread that waits for the main thread runs
+
+
+def before_threads_join(fn: Callable[[], object]) -> None:
+    """Run ``fn`` once when this process exits, before its non-daemon
+    threads are waited for: for a part whose threads end only when told
+    (TorchFT's manager serves checkpoints and runs quorums on such
+    threads), so that a script that ends without a teardown still exits.
+
+    Both ways out call it: :func:`exit_process` (a rank of ``phalanx run``)
+    first thing, and Python's own exit (a script under torchrun or plain
+    ``python``) from a daemon thread that wakes when the main thread is
+    done, before Python joins the others. Not where a failed rank leaves
+    at once (``exit_process(join_threads=False)``). An exception of ``fn`` is
+    printed, as an ``atexit`` handler's is."""
+    with _BEFORE_JOIN_LOCK:
+        first = not _BEFORE_JOIN and not _WATCHING
+        _BEFORE_JOIN.append(fn)
+        if first:
+            _WATCHING.append(True)
+            threading.Thread(target=_after_main_thread, name="phalanx-before-join", daemon=True).start()
+
+
+def _after_main_thread() -> None:
+    threading.main_thread().join()
+    _run_before_join()
+
+
+def _run_before_join() -> None:
+    while True:
+        with _BEFORE_JOIN_LOCK:
+            if not _BEFORE_JOIN:
+                return
+            fn = _BEFORE_JOIN.pop()
+        try:
+            fn()
+        except BaseException:  # noqa: BLE001 - printed, as an atexit handler's is
+            traceback_module.print_exc()
+
+
 def exit_process(code: int, *, run_atexit: bool = True, join_threads: bool = True) -> NoReturn:
     """End this process with ``code``, after what Python's own exit does
     that matters (the non-daemon threads joined, the ``atexit`` handlers
@@ -245,8 +290,8 @@ def exit_process(code: int, *, run_atexit: bool = True, join_threads: bool = Tru
     join), no handler run (MPI's finalization waits for the other ranks, an
     XLA runtime's for replicas that are gone).
     """
-    import threading
-
+    if join_threads:
+        _run_before_join()
     with contextlib.suppress(BaseException):
         main = threading.main_thread()
         for thread in threading.enumerate() if join_threads else ():
