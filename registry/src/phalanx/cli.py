@@ -371,6 +371,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         _give_option(options, "rendezvous", args.rendezvous, f"--rendezvous {args.rendezvous}")
     if args.max_restarts is not None:
         _give_option(options, "max_restarts", args.max_restarts, f"--max-restarts {args.max_restarts}")
+    if args.replica_groups is not None:
+        _give_option(
+            options, "replica_groups", args.replica_groups, f"--replica-groups {args.replica_groups}"
+        )
     if options:
         given["options"] = options
     from phalanx_core.hangs import HANG_REPORT_VAR  # `phalanx run` only: `phalanx list` stays light
@@ -514,6 +518,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="restart every rank of the job, on every node, up to N times after a rank fails or "
         "a node is lost (the launcher's max_restarts option; default 0)",
+    )
+    p.add_argument(
+        "--replica-groups",
+        type=int,
+        metavar="N",
+        help="N replica groups of --devices ranks each, which a fault-tolerant strategy (ddp_ft, "
+        "from phalanx-torchft) trains across: a group that fails is restarted alone while the "
+        "others go on (the launcher's replica_groups option; --max-restarts is then per group)",
     )
     p.add_argument(
         "--hang-report",

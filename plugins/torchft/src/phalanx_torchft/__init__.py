@@ -1,0 +1,15 @@
+"""TorchFT for phalanx: training that goes on in place when a replica group
+is lost.
+
+``ddp_ft`` (:class:`~phalanx_torchft.strategy.DDPFTStrategy`) is data
+parallel across *replica groups*; TorchFT's ``Manager`` agrees on every
+step's members through a lighthouse, drops a group that is gone at the
+next step, and heals a group that comes back from a healthy peer.
+``replica_groups`` (:class:`~phalanx_torchft.launcher.ReplicaGroupsLauncher`)
+starts the lighthouse and the groups and restarts a group that dies.
+Importing this package imports neither torch nor torchft.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,46 @@
+"""One replica group of a ``replica_groups`` job: its ranks, run as the
+``subprocess`` launcher runs a one-node job (torch elastic's agent and a
+store of the group's own, on 127.0.0.1), with no restart of its own: the
+launching process restarts the whole group.
+
+    python -m phalanx_torchft._group NUM_PROCESSES MONITOR_INTERVAL RENDEZVOUS_TIMEOUT PARENT_PID \\
+        -- COMMAND...
+
+Exits 0 when every rank did, else with the first failed rank's status,
+after saying which rank it was.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from phalanx_core import WorkerFailedError
+from phalanx_core.launching import die_with_parent, exit_process
+
+
+def main(argv: list[str]) -> int:
+    settings, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    processes, monitor_interval, rendezvous_timeout, parent = settings
+    die_with_parent(int(parent))
+    from phalanx_torch.launchers import SubprocessLauncher
+
+    launcher = SubprocessLauncher(
+        num_processes=int(processes),
+        num_nodes=1,
+        max_restarts=0,
+        monitor_interval=float(monitor_interval),
+        rendezvous_timeout=float(rendezvous_timeout),
+    )
+    try:
+        launcher.run_script(command)
+    except WorkerFailedError as exc:
+        sys.stderr.write(f"phalanx run: {exc.first_failure()}. The group's other ranks were stopped.\n")
+        # A rank killed by a signal: 128 + its number, as a shell says it.
+        return 128 - exc.exitcode if isinstance(exc.exitcode, int) and exc.exitcode < 0 else exc.exit_status
+    except SystemExit as exc:  # stopped by a signal: 128 + its number
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main(sys.argv[1:]))

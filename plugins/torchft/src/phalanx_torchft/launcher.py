@@ -1,0 +1,316 @@
+"""Launcher ``replica_groups``: TorchFT's lighthouse and N replica groups,
+each restarted on its own. Imports torchft only when it launches.
+
+Layout of a job (``phalanx run --strategy ddp_ft --replica-groups 3
+--devices 2 train.py``):
+
+* this process hosts TorchFT's lighthouse (``torchft.coordination.
+  LighthouseServer``) on ``127.0.0.1`` and a port the kernel gives;
+* each group is a child process (:mod:`phalanx_torchft._group`) that runs
+  the group's ranks as the ``subprocess`` launcher runs a one-node job
+  (torch elastic's agent, a store of the group's own), with the group's
+  number, the number of groups and the lighthouse's URL in the ranks'
+  variables;
+* a group that fails (any of its ranks) is started again, up to
+  ``max_restarts`` times for that group; the others are not touched, and go
+  on training without it until it is back. The job ends when every group
+  has ended; it fails when a group failed more often than it may restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any, ClassVar
+
+from phalanx_core import MisconfigurationError
+from phalanx_core.launching import STOP_GRACE, stop_processes
+from phalanx_torch.launchers import SubprocessLauncher
+
+from ._variables import LIGHTHOUSE_VAR, MIN_REPLICAS_VAR, REPLICA_GROUP_VAR, REPLICA_GROUPS_VAR
+
+__all__ = ["ReplicaGroupsLauncher"]
+
+
+class ReplicaGroupsLauncher(SubprocessLauncher):
+    """Starts TorchFT's lighthouse and ``replica_groups`` groups of
+    ``num_processes`` ranks each on this host, and restarts a group that
+    fails without stopping the others (see the module's docstring).
+
+    Options:
+        replica_groups: how many replica groups (default 2;
+            ``phalanx run --replica-groups N``).
+        max_restarts: how many times *each group* may be started again
+            after it failed (default 3; ``--max-restarts``).
+        min_replicas: the fewest groups a step may have (default 1): the
+            lighthouse forms no quorum of fewer, and the survivors wait.
+        heartbeat_timeout: seconds without a heartbeat after which the
+            lighthouse drops a group from the quorum (default 1.0). A
+            survivor's stall after a group dies is about this long.
+        join_timeout: seconds the lighthouse waits for the groups it knows
+            of to join a quorum before forming it without them (default 1.0).
+        quorum_tick: seconds between the lighthouse's quorum checks
+            (default 0.05).
+
+    One host only: on several, each host's groups would need a store other
+    hosts reach, which this launcher does not make yet; it refuses
+    ``num_nodes`` above 1.
+    """
+
+    is_interactive_compatible: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        environment: Any = None,
+        num_processes: int = 1,
+        num_nodes: int = 1,
+        replica_groups: int = 2,
+        max_restarts: int = 3,
+        min_replicas: int = 1,
+        heartbeat_timeout: float = 1.0,
+        join_timeout: float = 1.0,
+        quorum_tick: float = 0.05,
+        monitor_interval: float = 0.1,
+        rendezvous_timeout: float = 900.0,
+    ) -> None:
+        if num_nodes != 1:
+            raise MisconfigurationError(
+                f"launcher 'replica_groups' runs its replica groups on one host; num_nodes={num_nodes} "
+                "was asked for. On several hosts, run one job per host is not supported yet: use "
+                "num_nodes=1"
+            )
+        super().__init__(
+            environment=environment,
+            num_processes=num_processes,
+            num_nodes=1,
+            max_restarts=max_restarts,
+            monitor_interval=monitor_interval,
+            rendezvous_timeout=rendezvous_timeout,
+        )
+        for name, value in (("replica_groups", replica_groups), ("min_replicas", min_replicas)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise MisconfigurationError(
+                    f"launcher 'replica_groups': {name}={value!r}; expected an int of at least 1"
+                )
+        if min_replicas > replica_groups:
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': min_replicas={min_replicas} is more than "
+                f"replica_groups={replica_groups}: no quorum could ever form; lower min_replicas"
+            )
+        for name, seconds in (
+            ("heartbeat_timeout", heartbeat_timeout),
+            ("join_timeout", join_timeout),
+            ("quorum_tick", quorum_tick),
+        ):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+                raise MisconfigurationError(
+                    f"launcher 'replica_groups': {name}={seconds!r}; expected a number of seconds above 0"
+                )
+        self.replica_groups = replica_groups
+        self.min_replicas = min_replicas
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.join_timeout = float(join_timeout)
+        self.quorum_tick = float(quorum_tick)
+        #: The lighthouse's URL while a job runs.
+        self.lighthouse: str | None = None
+
+    @classmethod
+    def listens(cls, num_nodes: int) -> str | None:
+        return (
+            "127.0.0.1: the lighthouse, each group's store and its ranks' gloo; every interface ([::]): "
+            "TorchFT's manager server on each group's rank 0 (TorchFT binds it so)"
+        )
+
+    def launch(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            return super().launch(fn, *args, **kwargs)
+        raise MisconfigurationError(
+            "launcher 'replica_groups' runs a script: start it with phalanx run --strategy ddp_ft "
+            "--replica-groups N script.py (launch(fn) from a script is not supported by this launcher)"
+        )
+
+    def run_script(self, command: Sequence[str]) -> None:
+        """Run ``python *command`` in every rank of every replica group;
+        return when every group has ended. Raise ``SystemExit`` with a
+        failed group's exit status when a group failed more often than
+        ``max_restarts``, or ``128 + signal`` when this process was
+        stopped by a signal (every group is stopped first)."""
+        os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
+        from torchft.coordination import LighthouseServer
+
+        server = LighthouseServer(
+            bind="127.0.0.1:0",
+            min_replicas=self.min_replicas,
+            join_timeout_ms=round(self.join_timeout * 1000),
+            quorum_tick_ms=max(1, round(self.quorum_tick * 1000)),
+            heartbeat_timeout_ms=round(self.heartbeat_timeout * 1000),
+        )
+        # address() names this host by its hostname; the ranks are here.
+        self.lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+        groups = [_Group(index, self, list(command)) for index in range(self.replica_groups)]
+        stopped: list[int] = []
+        previous = {
+            number: signal.signal(number, lambda n, _f: stopped.append(n))
+            for number in (signal.SIGTERM, signal.SIGHUP)
+        }
+        try:
+            for group in groups:
+                group.start()
+            failed = self._watch(groups, stopped)
+        except KeyboardInterrupt:
+            stopped.append(signal.SIGINT)
+            failed = None
+        finally:
+            stop_processes([g.process for g in groups if g.process is not None], grace=STOP_GRACE)
+            for group in groups:
+                group.join_output()
+            server.shutdown()
+            self.lighthouse = None
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+        if stopped:
+            raise SystemExit(128 + stopped[0])
+        if failed is not None:
+            _say(
+                f"phalanx run: replica group {failed.index} failed {failed.restarts + 1} time(s), "
+                f"more than max_restarts={self.max_restarts}; its last exit status was "
+                f"{failed.status} (its output is in the lines above marked [group{failed.index} ...]). "
+                "The other groups ended on their own."
+            )
+            raise SystemExit(failed.exit_status)
+
+    def _watch(self, groups: list[_Group], stopped: list[int]) -> _Group | None:
+        """Restart failed groups until every group has ended; the group
+        that failed past its restarts, if one did."""
+        given_up: _Group | None = None
+        running = set(range(len(groups)))
+        while running and not stopped:
+            time.sleep(self.monitor_interval)
+            for index in sorted(running):
+                group = groups[index]
+                status = group.poll()
+                if status is None:
+                    continue
+                if status == 0:
+                    running.discard(index)
+                elif group.restarts < self.max_restarts:
+                    group.restarts += 1
+                    _say(
+                        f"phalanx run: replica group {index} failed ({group.say_status()}); starting "
+                        f"it again ({group.restarts} of {self.max_restarts}); the other groups go on"
+                    )
+                    group.start()
+                else:
+                    running.discard(index)
+                    given_up = given_up or group
+        return given_up
+
+
+class _Group:
+    """One replica group's process, its restarts, and the copying of its
+    output with each line marked by the group."""
+
+    def __init__(self, index: int, launcher: ReplicaGroupsLauncher, command: list[str]) -> None:
+        self.index = index
+        self.launcher = launcher
+        self.command = command
+        self.restarts = 0
+        self.status: int | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._copiers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self.join_output()
+        self.status = None
+        launcher = self.launcher
+        env = {
+            **os.environ,
+            REPLICA_GROUP_VAR: str(self.index),
+            REPLICA_GROUPS_VAR: str(launcher.replica_groups),
+            LIGHTHOUSE_VAR: str(launcher.lighthouse),
+            MIN_REPLICAS_VAR: str(launcher.min_replicas),
+        }
+        settings = [
+            str(launcher.num_processes),
+            str(launcher.monitor_interval),
+            str(launcher.rendezvous_timeout),
+            str(os.getpid()),
+        ]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "phalanx_torchft._group", *settings, "--", *self.command],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # stop_processes stops the group's whole process group
+        )
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
+        self._copiers = [
+            threading.Thread(target=self._copy, args=(self.process.stdout, sys.stdout), daemon=True),
+            threading.Thread(target=self._copy, args=(self.process.stderr, sys.stderr), daemon=True),
+        ]
+        for copier in self._copiers:
+            copier.start()
+
+    def _copy(self, source: IO[bytes], sink: Any) -> None:
+        mark = f"[group{self.index}".encode()
+        for line in iter(source.readline, b""):
+            # [rank0]: ... -> [group1 rank0]: ...; the group's own lines -> [group1]: ...
+            _write(sink, mark + b" " + line[1:] if line.startswith(b"[rank") else mark + b"]: " + line)
+        source.close()
+
+    def join_output(self) -> None:
+        for copier in self._copiers:
+            copier.join(timeout=STOP_GRACE)
+        self._copiers = []
+
+    def poll(self) -> int | None:
+        if self.process is None:
+            return None
+        self.status = self.process.poll()
+        return self.status
+
+    def say_status(self) -> str:
+        status = self.status
+        if status is not None and status < 0:
+            return f"its launching process was killed by {_signal_name(-status)}"
+        if status is not None and status > 128:
+            return f"a rank was killed by {_signal_name(status - 128)}"
+        return f"exit status {status}"
+
+    @property
+    def exit_status(self) -> int:
+        status = self.status or 1
+        return 128 - status if status < 0 else status
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _say(line: str) -> None:
+    _write(sys.stderr, f"{line}\n".encode())
+
+
+_WRITE = threading.Lock()
+
+
+def _write(sink: Any, data: bytes) -> None:
+    with _WRITE:
+        buffer = getattr(sink, "buffer", None)
+        if buffer is not None:
+            sink.flush()
+            buffer.write(data)
+            buffer.flush()
+        else:
+            sink.write(data.decode(errors="replace"))
+            sink.flush()

@@ -1,0 +1,52 @@
+"""phalanx-torchft's entry module: specs only; imports neither torchft nor torch.
+
+Declared in pyproject.toml as the ``torchft`` entry point of the
+``phalanx.plugins`` group. Installed without torchft, the parts are still
+listed, as unavailable, with :data:`INSTALL` as what to do.
+"""
+
+from __future__ import annotations
+
+from phalanx_core import LauncherSpec, StrategySpec, hookimpl
+
+#: What to run when torchft is missing.
+INSTALL = "pip install 'phalanx-torchft[torchft]' (torchft 0.2 and torch>=2.9)"
+#: torch's range is phalanx-torch's (these parts are built on its DDP and its
+#: subprocess launcher); torchft's is the release line phalanx is tested on.
+_NEEDS = ("torchft>=0.2,<0.3", "torch>=2.9")
+_PKG = "phalanx_torchft"
+
+
+@hookimpl
+def phalanx_launchers() -> list[LauncherSpec]:
+    return [
+        LauncherSpec(
+            name="replica_groups",
+            target=f"{_PKG}.launcher:ReplicaGroupsLauncher",
+            summary="TorchFT's lighthouse and N replica groups of ranks, each restarted on its own",
+            needs=_NEEDS,
+            install=INSTALL,
+        )
+    ]
+
+
+@hookimpl
+def phalanx_strategies() -> list[StrategySpec]:
+    return [
+        StrategySpec(
+            name="ddp_ft",
+            target=f"{_PKG}.strategy:DDPFTStrategy",
+            summary="DDP across TorchFT replica groups: a lost group drops out at the next step, "
+            "the others go on, and it heals from a peer when it is back",
+            launcher="replica_groups",
+            collective="torch",
+            parallel=True,
+            priority=-40,
+            needs=_NEEDS,
+            install=INSTALL,
+            traffic={
+                "torch": "gradients: DDP's buckets within the replica group through the torch "
+                "collective's c10d group, then across groups through TorchFT's managed gloo group",
+            },
+        )
+    ]

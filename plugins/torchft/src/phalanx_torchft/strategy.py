@@ -1,0 +1,331 @@
+"""``ddp_ft``: DDP across TorchFT replica groups."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from phalanx_core import MisconfigurationError
+from phalanx_core.launching import before_threads_join
+from phalanx_torch.strategies import DDPStrategy
+
+from ._variables import LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
+
+__all__ = ["DDPFTStrategy"]
+
+
+class DDPFTStrategy(DDPStrategy):
+    """Data parallel across *replica groups* that come and go while the job
+    trains, on TorchFT (``torchft``): a group that is lost is dropped at the
+    next step and the others train on without a restart; a group that comes
+    back copies the state from a healthy peer (no checkpoint is read) and
+    joins at the step after.
+
+    A replica group is ``devices`` ranks (``--devices``) that hold the same
+    model; ``phalanx run --strategy ddp_ft --replica-groups N`` (launcher
+    ``replica_groups``) starts N of them and TorchFT's lighthouse, and
+    restarts a group that fails. Within a group the ranks are an ordinary
+    DDP job over the torch collective; across groups each step's gradients
+    are averaged over the groups in that step's quorum, through TorchFT's
+    ``Manager``.
+
+    The training loop is every strategy's: ``setup``, ``backward``,
+    ``optimizer_step``. Each step is agreed on: the optimizer steps only
+    where TorchFT's manager commits the step (every group in the quorum had
+    its gradients averaged); otherwise the step's gradients are dropped, on
+    every group alike, and :attr:`committed` is ``False``. The optimizer's
+    ``zero_grad()`` (or, where the loop calls none before it, the first
+    ``backward``) asks the lighthouse for the next step's quorum.
+
+    Options (keywords of :func:`phalanx.resolve`, ``-o NAME=VALUE``), with
+    DDP's own (``find_unused_parameters``, ...):
+
+    - ``timeout``: seconds a collective across groups, a commit, or a
+      healing transfer may take (default 10); also how long a survivor can
+      stall on a peer that hangs without dying (a host cut off the
+      network). A peer that dies (its sockets close) is noticed at once.
+    - ``quorum_timeout``: seconds to wait for a quorum (default 60): where
+      the lighthouse is gone, every group fails with TorchFT's error after
+      this long.
+    """
+
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 10.0,
+        quorum_timeout: float = 60.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise MisconfigurationError(
+                    f"strategy 'ddp_ft': {name}={value!r}; expected a number of seconds above 0"
+                )
+        self.timeout = float(timeout)
+        self.quorum_timeout = float(quorum_timeout)
+        self._manager: Any = None
+        self._step_open = False  # a quorum was asked for and the step not yet committed
+        self._verdict: bool | None = None  # should_commit()'s answer for the step
+        self._registered = 0
+        #: Whether the last step was committed (``None`` before the first).
+        self.committed: bool | None = None
+
+    # -- where this rank is -------------------------------------------------
+
+    @property
+    def replica_group(self) -> int:
+        """This rank's replica group: 0 .. :attr:`replica_groups` - 1."""
+        return replica_group_of_this_process("strategy.replica_group")[0]
+
+    @property
+    def replica_groups(self) -> int:
+        """How many replica groups the job was started with (those in a
+        step's quorum: :attr:`participants`)."""
+        return replica_group_of_this_process("strategy.replica_groups")[1]
+
+    @property
+    def manager(self) -> Any:
+        """TorchFT's ``Manager`` of this rank (made by ``strategy.launch()``),
+        for what phalanx does not wrap."""
+        if self._manager is None:
+            raise MisconfigurationError(
+                "strategy 'ddp_ft': strategy.manager is made by strategy.launch(); call it first"
+            )
+        return self._manager
+
+    @property
+    def participants(self) -> int:
+        """How many replica groups take part in the current step (its
+        quorum's members that are not healing); the gradients are averaged
+        over them."""
+        return int(self.manager.num_participants())
+
+    @property
+    def current_step(self) -> int:
+        """The job's count of committed steps, the same on every group (a
+        healed group takes its peers')."""
+        return int(self.manager.current_step())
+
+    # -- setting up ------------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._manager = self._make_manager()
+        # TorchFT's threads (its checkpoint server, its quorum executor) end
+        # only when the manager shuts down: a script that ends without a
+        # teardown would wait for them forever.
+        before_threads_join(self._shut_manager_down)
+
+    def _shut_manager_down(self) -> None:
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.shutdown(wait=False)
+
+    def _make_manager(self) -> Any:
+        from torchft import Manager, ProcessGroupGloo
+
+        group, _ = replica_group_of_this_process("strategy 'ddp_ft'")
+        lighthouse = os.environ.get(LIGHTHOUSE_VAR)
+        if not lighthouse:
+            raise MisconfigurationError(
+                f"strategy 'ddp_ft': no lighthouse ({LIGHTHOUSE_VAR} is not set); start the job "
+                "with phalanx run --strategy ddp_ft --replica-groups N, which starts one, or set "
+                f"{LIGHTHOUSE_VAR} to a running lighthouse's URL"
+            )
+        seconds = timedelta(seconds=self.timeout)
+        environment = self.environment
+        return Manager(
+            pg=ProcessGroupGloo(timeout=seconds),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=min_replicas(),
+            timeout=seconds,
+            quorum_timeout=timedelta(seconds=self.quorum_timeout),
+            connect_timeout=timedelta(seconds=max(self.timeout, 10.0)),
+            rank=self.global_rank,
+            world_size=self.world_size,
+            store_addr=environment.main_address,
+            store_port=environment.main_port,
+            lighthouse_addr=lighthouse,
+            # TorchFT numbers a group's ranks across groups by the digits
+            # its replica id ends with.
+            replica_id=f"phalanx_group_{group}",
+            hostname=_address_toward(lighthouse),
+        )
+
+    def setup_module(self, module: Any) -> Any:
+        ddp = super().setup_module(module)
+        ddp.register_comm_hook(self, _average_over_groups)
+        return ddp
+
+    def setup(self, module: Any, *optimizers: Any) -> Any:
+        ready = super().setup(module, *optimizers)
+        made = ready[1:] if isinstance(ready, tuple) else ()
+        self._heal_with(self.unwrap_module(ready[0] if isinstance(ready, tuple) else ready), made)
+        return ready
+
+    def setup_optimizer(self, optimizer: Any) -> Any:
+        return _StepOptimizer(self, optimizer)
+
+    def _heal_with(self, module: Any, optimizers: tuple[Any, ...]) -> None:
+        """What a healing group copies from a peer: the module's and the
+        optimizers' state, registered with the manager."""
+        inner = [getattr(o, "optim", o) for o in optimizers]
+
+        def state_dict() -> dict[str, Any]:
+            # Copies: TorchFT 0.2 serves CPU tensors as they are (it copies
+            # only GPU ones to the CPU) and a healing peer reads them over
+            # HTTP later, by when this group's optimizer may have stepped
+            # them: the healed group ended with other weights than its
+            # peers'. Taken in the quorum, before this step's update.
+            return _copied({"module": module.state_dict(), "optimizers": [o.state_dict() for o in inner]})
+
+        def load_state_dict(state: dict[str, Any]) -> None:
+            module.load_state_dict(state["module"])
+            for optimizer, saved in zip(inner, state["optimizers"], strict=True):
+                optimizer.load_state_dict(saved)
+
+        self.manager.register_state_dict_fn(f"phalanx_{self._registered}", load_state_dict, state_dict)
+        self._registered += 1
+
+    def setup_dataloader(
+        self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> Any:
+        """As every strategy's, with the dataset split over every rank of
+        every replica group (``replica_groups x devices`` shares): group
+        ``g``'s rank ``r`` reads share ``g x devices + r``. A group that is
+        out of a step does not train on its share of that step."""
+        from phalanx_core._data import distribute_loader
+
+        return distribute_loader(
+            _AcrossGroups(self),
+            dataloader,
+            use_distributed_sampler=use_distributed_sampler,
+            move_to_device=move_to_device,
+        )
+
+    # -- a step ----------------------------------------------------------------
+
+    def _open_step(self) -> None:
+        """Ask for this step's quorum (once per step)."""
+        if not self._step_open:
+            self.manager.start_quorum()
+            self._step_open = True
+            self._verdict = None
+
+    def _commit(self) -> bool:
+        """Whether this step is committed (asked once per step, for every
+        optimizer)."""
+        if self._verdict is None:
+            self._open_step()
+            self._verdict = bool(self.manager.should_commit())
+            self.committed = self._verdict
+            self._step_open = False
+        return self._verdict
+
+    def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
+        self._open_step()
+        super().backward(tensor, *args, **kwargs)
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):  # what failed was said where it failed
+            self._shut_manager_down()
+        super().teardown()
+
+
+def _copied(state: Any) -> Any:
+    """``state`` with every tensor in it copied (dicts, lists, tuples)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {key: _copied(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copied(value) for value in state)
+    return state
+
+
+class _AcrossGroups:
+    """The ranks a loader is split over: every rank of every group."""
+
+    def __init__(self, strategy: DDPFTStrategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def global_rank(self) -> int:
+        return self._strategy.replica_group * self._strategy.world_size + self._strategy.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._strategy.replica_groups * self._strategy.world_size
+
+    def batch_to_device(self, batch: Any) -> Any:
+        return self._strategy.batch_to_device(batch)
+
+
+def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
+    """DDP's comm hook: the bucket averaged within the group (the strategy's
+    group), then across the step's groups (TorchFT's manager, which drops a
+    failed step instead of raising). Returns a completed future: TorchFT
+    0.2's own DDP hook asserts on a failed all-reduce, which killed every
+    survivor at the first loss. (No annotations: DDP refuses a hook whose
+    annotations are not its own classes, and here they would be strings.)"""
+    buffer = bucket.buffer()
+    if strategy.world_size > 1:
+        dist.all_reduce(buffer, group=strategy.process_group)
+        buffer.div_(strategy.world_size)
+    strategy._open_step()
+    strategy.manager.allreduce(buffer).wait()
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+class _StepOptimizer:
+    """The optimizer ``setup`` returns: ``zero_grad()`` asks for the next
+    step's quorum, ``step()`` steps only where the step is committed.
+    Everything else is the wrapped optimizer's (``optim``)."""
+
+    def __init__(self, strategy: DDPFTStrategy, optim: Any) -> None:
+        self.optim = optim
+        self._strategy = strategy
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._strategy._open_step()
+        self.optim.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        if self._strategy._commit():
+            return self.optim.step() if closure is None else self.optim.step(closure)
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.optim.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optim, name)
+
+
+def _address_toward(url: str) -> str:
+    """The address of this host that reaches the lighthouse at ``url``:
+    where TorchFT's peers reach this group's manager."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))  # no packet is sent: the route is looked up
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostname()

@@ -1,0 +1,221 @@
+"""``ddp_ft`` for real: TorchFT's lighthouse, replica groups of gloo ranks on
+this host, a rank killed with SIGKILL while the job trains."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
+
+import phalanx
+from phalanx_core import MisconfigurationError
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import torch
+    from torch import nn
+    import phalanx
+
+    out = Path(sys.argv[1])
+    stop = None  # the step every group stops at, once the test writes it
+    strategy = phalanx.resolve()
+    strategy.launch()
+    torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
+    loads = []
+
+    class Model(nn.Sequential):
+        def load_state_dict(self, state, *args, **kwargs):
+            loads.append(strategy.current_step)
+            return super().load_state_dict(state, *args, **kwargs)
+
+    model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
+    while True:
+        if stop is None and (out / "stop").exists():
+            stop = int((out / "stop").read_text())
+        if stop is not None and strategy.current_step >= stop:
+            break
+        step = strategy.current_step
+        optimizer.zero_grad()
+        data = torch.Generator().manual_seed(1000 * step + strategy.replica_group)
+        x = torch.randn(4, 8, generator=data)
+        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        time.sleep(0.1)
+        strategy.backward(loss)
+        strategy.optimizer_step(optimizer)
+        print(f"STEP {where} step={step} committed={strategy.committed} "
+              f"participants={strategy.participants} t={time.monotonic():.3f} "
+              f"sum={sum(float(p.square().sum()) for p in model.parameters()):.6f}", flush=True)
+    torch.save(
+        {"weights": [p.detach() for p in model.parameters()], "loads": loads},
+        out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
+    )
+    print(f"DONE {where}", flush=True)
+    """
+)
+
+LINE = re.compile(
+    r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) t=([\d.]+)"
+)
+
+
+class Job:
+    """A ``phalanx run`` of the script, its output read as it comes."""
+
+    def __init__(self, tmp_path: Path, *flags: str) -> None:
+        (tmp_path / "train.py").write_text(SCRIPT)
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        self.lines: list[str] = []
+        self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu",
+             *flags, "train.py", str(self.out)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            found = LINE.search(line)
+            if found:
+                g, r, pid, step, committed, participants, t = found.groups()
+                self.steps.append(
+                    (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t))
+                )
+
+    def wait_for(self, condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"{what}: not seen; the job's output:\n{''.join(self.lines)}")
+            time.sleep(0.05)
+
+    def stop_after(self, more: int) -> None:
+        """Have every group stop at ``more`` steps after the last one seen
+        (a step no group has reached yet: all of them stop at it)."""
+        step = max(s[3] for s in self.steps) + more
+        (self.out / "stop.tmp").write_text(str(step))
+        (self.out / "stop.tmp").rename(self.out / "stop")
+
+    def finish(self, timeout: float = 180) -> int:
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"the job did not end; its output:\n{''.join(self.lines)}") from None
+        self._reader.join(10)
+        return code
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def pids(self, group: int) -> list[int]:
+        """The pids of ``group``'s rank 0 in the order they trained."""
+        seen: list[int] = []
+        for g, r, pid, *_ in self.steps:
+            if g == group and r == 0 and pid not in seen:
+                seen.append(pid)
+        return seen
+
+    def ends(self) -> dict[int, dict]:
+        import torch
+
+        return {
+            int(path.name.split("-")[0][len("group") :]): torch.load(path)
+            for path in sorted(self.out.glob("group*-rank0-*.pt"))
+        }
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, devices):
+    job = Job(tmp_path, "--devices", str(devices), "--replica-groups", "3", "--max-restarts", "1")
+    job.wait_for(lambda: any(s[0] == 1 and s[3] >= 10 for s in job.steps), "group 1 at step 10")
+    [victim] = job.pids(1)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    job.wait_for(lambda: len(job.pids(1)) == 2, "group 1 training again")
+    job.stop_after(10)
+    assert job.finish() == 0, "".join(job.lines)
+    output = "".join(job.lines)
+
+    # The survivors were never restarted: one process each, from start to end.
+    for group in (0, 2):
+        assert len(job.pids(group)) == 1, output
+    assert "replica group 1 failed (a rank was killed by SIGKILL)" in output
+    assert "starting it again (1 of 1); the other groups go on" in output
+    assert not alive(victim)
+
+    # They went on without group 1, and took it back.
+    after = [s for s in job.steps if s[0] == 0 and s[6] > killed_at]
+    assert any(s[5] == 2 and s[4] for s in after), output  # a step committed by two groups
+    assert after[-1][5] == 3, output  # and three at the end
+
+    # Every group ends with the same weights, which the restarted group
+    # copied from a peer: no checkpoint exists to read.
+    ends = job.ends()
+    assert sorted(ends) == [0, 1, 2]
+    first = ends[0]["weights"]
+    for group in (1, 2):
+        assert all(a.equal(b) for a, b in zip(first, ends[group]["weights"], strict=True)), group
+    # The restarted group loaded its state once, from a peer, at the step
+    # the job had reached; group 0 (the first quorum's primary) never did.
+    assert ends[0]["loads"] == []
+    assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= 10
+    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/checkpoint*"))
+
+
+def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finish(tmp_path):
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", "--max-restarts", "0")
+    job.wait_for(lambda: any(s[0] == 0 and s[3] >= 5 for s in job.steps), "group 0 at step 5")
+    [victim] = job.pids(0)
+    os.kill(victim, signal.SIGKILL)
+    job.wait_for(lambda: "more than max_restarts=0" in "".join(job.lines), "group 0 given up")
+    job.stop_after(5)
+    code = job.finish()
+    output = "".join(job.lines)
+    assert code == 128 + signal.SIGKILL, output
+    assert "replica group 0 failed 1 time(s), more than max_restarts=0" in output
+    assert sorted(job.ends()) == [1]  # group 1 trained to the end alone
+
+
+def test_the_replica_groups_options_are_checked():
+    with pytest.raises(MisconfigurationError, match=r"min_replicas=3 is more than replica_groups=2"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", replica_groups=2, min_replicas=3)
+    with pytest.raises(MisconfigurationError, match=r"replica_groups=0; expected an int of at least 1"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", replica_groups=0)
+    with pytest.raises(MisconfigurationError, match=r"heartbeat_timeout=-1; expected a number of seconds"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", heartbeat_timeout=-1)
+    with pytest.raises(MisconfigurationError, match=r"strategy 'ddp_ft': timeout=0; expected a number"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", timeout=0)
