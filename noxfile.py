@@ -37,11 +37,11 @@ TEST_PATHS = [str(p / "tests") for p in PACKAGES if (p / "tests").is_dir() and p
     "tests"
 ]
 #: pytest-xdist: two workers, each test file on one worker (a file's tests
-#: share module fixtures: clusters, stores). phalanx.testing.xdist_main gives
+#: share module fixtures: clusters, stores). phalanx._xdist_main gives
 #: a worker's main module pytest's own file, so that the launchers that
 #: re-run the main script see what they see without xdist.
 XDIST = ["pytest-xdist>=3.5"]
-PARALLEL = ["-p", "phalanx.testing.xdist_main", "-n", "2", "--dist", "loadfile"]
+PARALLEL = ["-p", "phalanx._xdist_main", "-n", "2", "--dist", "loadfile"]
 
 nox.options.sessions = [
     "lint",

@@ -1,5 +1,5 @@
 """A pytest plugin for running phalanx's tests in pytest-xdist workers
-(``pytest -p phalanx.testing.xdist_main -n 2``).
+(``pytest -p phalanx._xdist_main -n 2``).
 
 A worker's main module is execnet's ``python -c`` program, which has no
 file: there phalanx sees no script to re-run, as in a REPL, and refuses the
