@@ -58,7 +58,7 @@ SCRIPT = textwrap.dedent(
         strategy.optimizer_step(optimizer)
         print(f"STEP {where} step={step} committed={strategy.committed} "
               f"participants={strategy.participants} t={time.monotonic():.3f} "
-              f"sum={sum(float(p.square().sum()) for p in model.parameters()):.6f}", flush=True)
+              f"sum={sum(float(p.detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
     torch.save(
         {"weights": [p.detach() for p in model.parameters()], "loads": loads},
         out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
@@ -190,9 +190,19 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, de
     for group in (1, 2):
         assert all(a.equal(b) for a, b in zip(first, ends[group]["weights"], strict=True)), group
     # The restarted group loaded its state once, from a peer, at the step
-    # the job had reached; group 0 (the first quorum's primary) never did.
-    assert ends[0]["loads"] == []
-    assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= 10
+    # the job had reached. A survivor may copy its peers' state too, without
+    # a restart: at the start, where every group but one copies the first
+    # quorum's weights (TorchFT's init_sync: the groups were seeded unlike
+    # on purpose) or a group that joined after the first quorum catches up
+    # (seen at step 2 on a loaded machine); and where an all-reduce broke
+    # on one survivor and completed on another (the kill, or the quorum
+    # that takes the restarted group in): TorchFT commits a step per group,
+    # and the one that did not commit copies the step from the one that
+    # did (seen at step 63, 5 steps after the restarted group came back).
+    assert len(ends[1]["loads"]) == 1
+    assert ends[1]["loads"][0] >= 10
+    for group in (0, 2):
+        assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]
     assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/checkpoint*"))
 
 
@@ -201,7 +211,7 @@ def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finis
     job.wait_for(lambda: any(s[0] == 0 and s[3] >= 5 for s in job.steps), "group 0 at step 5")
     [victim] = job.pids(0)
     os.kill(victim, signal.SIGKILL)
-    job.wait_for(lambda: "more than max_restarts=0" in "".join(job.lines), "group 0 given up")
+    job.wait_for(lambda: "may not start again (max_restarts=0)" in "".join(job.lines), "group 0 given up")
     job.stop_after(5)
     code = job.finish()
     output = "".join(job.lines)
@@ -217,5 +227,7 @@ def test_the_replica_groups_options_are_checked():
         phalanx.resolve("ddp_ft", accelerator="cpu", replica_groups=0)
     with pytest.raises(MisconfigurationError, match=r"heartbeat_timeout=-1; expected a number of seconds"):
         phalanx.resolve("ddp_ft", accelerator="cpu", heartbeat_timeout=-1)
-    with pytest.raises(MisconfigurationError, match=r"strategy 'ddp_ft': timeout=0; expected a number"):
-        phalanx.resolve("ddp_ft", accelerator="cpu", timeout=0)
+    with pytest.raises(MisconfigurationError, match=r"strategy 'ddp_ft': replica_timeout=0; expected"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", replica_timeout=0)
+    with pytest.raises(MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)

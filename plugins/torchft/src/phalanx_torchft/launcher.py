@@ -209,6 +209,10 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 else:
                     running.discard(index)
                     given_up = given_up or group
+                    _say(
+                        f"phalanx run: replica group {index} failed ({group.say_status()}) and may not "
+                        f"start again (max_restarts={self.max_restarts}); the other groups go on without it"
+                    )
         return given_up
 
 

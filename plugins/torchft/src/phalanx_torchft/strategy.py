@@ -45,7 +45,7 @@ class DDPFTStrategy(DDPStrategy):
     Options (keywords of :func:`phalanx.resolve`, ``-o NAME=VALUE``), with
     DDP's own (``find_unused_parameters``, ...):
 
-    - ``timeout``: seconds a collective across groups, a commit, or a
+    - ``replica_timeout``: seconds a collective across groups, a commit, or a
       healing transfer may take (default 10); also how long a survivor can
       stall on a peer that hangs without dying (a host cut off the
       network). A peer that dies (its sockets close) is noticed at once.
@@ -59,17 +59,32 @@ class DDPFTStrategy(DDPStrategy):
     def __init__(
         self,
         *,
-        timeout: float = 10.0,
+        replica_timeout: float = 10.0,
         quorum_timeout: float = 60.0,
         **options: Any,
     ) -> None:
+        if options.get("static_graph"):
+            raise MisconfigurationError(
+                "strategy 'ddp_ft': static_graph=True lets DDP reorder its gradient buckets after the "
+                "first step, and a group that heals starts with the first order while its peers have "
+                "the second: their all-reduce would add up other parameters' gradients. Leave "
+                "static_graph out"
+            )
         super().__init__(**options)
-        for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
+        # DDP reorders its buckets after the first step unless it looks for
+        # unused parameters (the public way to keep the order; TorchFT's own
+        # DDP does the same): a healed group's first step would otherwise
+        # lay its buckets out unlike its peers', and the sum it gets back
+        # would land on other parameters (seen: same gradient norms, other
+        # weights). The cost: a walk of the autograd graph each backward,
+        # and DDP's C++ warning, once per rank, that no parameter was unused.
+        self._ddp_kwargs["find_unused_parameters"] = True
+        for name, value in (("replica_timeout", replica_timeout), ("quorum_timeout", quorum_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise MisconfigurationError(
                     f"strategy 'ddp_ft': {name}={value!r}; expected a number of seconds above 0"
                 )
-        self.timeout = float(timeout)
+        self.replica_timeout = float(replica_timeout)
         self.quorum_timeout = float(quorum_timeout)
         self._manager: Any = None
         self._step_open = False  # a quorum was asked for and the step not yet committed
@@ -140,7 +155,7 @@ class DDPFTStrategy(DDPStrategy):
                 "with phalanx run --strategy ddp_ft --replica-groups N, which starts one, or set "
                 f"{LIGHTHOUSE_VAR} to a running lighthouse's URL"
             )
-        seconds = timedelta(seconds=self.timeout)
+        seconds = timedelta(seconds=self.replica_timeout)
         environment = self.environment
         return Manager(
             pg=ProcessGroupGloo(timeout=seconds),
@@ -149,7 +164,7 @@ class DDPFTStrategy(DDPStrategy):
             min_replica_size=min_replicas(),
             timeout=seconds,
             quorum_timeout=timedelta(seconds=self.quorum_timeout),
-            connect_timeout=timedelta(seconds=max(self.timeout, 10.0)),
+            connect_timeout=timedelta(seconds=max(self.replica_timeout, 10.0)),
             rank=self.global_rank,
             world_size=self.world_size,
             store_addr=environment.main_address,

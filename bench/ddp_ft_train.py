@@ -1,0 +1,46 @@
+"""The workload of ``bench/ddp_ft.py``: a small model, a padded step, one
+line per step. Under ``ddp_ft`` the step is TorchFT's (``current_step``,
+committed or not); under any other strategy it counts itself and saves a
+checkpoint every ``EVERY`` steps, from which a restarted job resumes.
+
+    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import phalanx
+from phalanx_core import CheckpointDirectory
+
+out, steps, pad, every = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+strategy = phalanx.resolve()
+strategy.launch()
+ft = hasattr(strategy, "replica_group")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
+checkpoints = CheckpointDirectory(out / "ckpt", keep=2)
+step = 0 if ft else strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
+who = f"group={strategy.replica_group}" if ft else f"group={strategy.global_rank}"
+while step < steps:
+    optimizer.zero_grad()
+    data = torch.Generator().manual_seed(step)
+    x = torch.randn(32, 64, generator=data)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    time.sleep(pad)
+    strategy.backward(loss)
+    strategy.optimizer_step(optimizer)
+    if ft:
+        committed, step = bool(strategy.committed), strategy.current_step
+    else:
+        committed, step = True, step + 1
+        if step % every == 0:
+            checkpoints.save(strategy, step, {"model": model, "optimizer": optimizer})
+    now = time.monotonic()
+    print(f"STEP {who} pid={os.getpid()} step={step} committed={committed} t={now:.4f}", flush=True)
