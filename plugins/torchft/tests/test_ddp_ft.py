@@ -229,5 +229,7 @@ def test_the_replica_groups_options_are_checked():
         phalanx.resolve("ddp_ft", accelerator="cpu", heartbeat_timeout=-1)
     with pytest.raises(MisconfigurationError, match=r"strategy 'ddp_ft': replica_timeout=0; expected"):
         phalanx.resolve("ddp_ft", accelerator="cpu", replica_timeout=0)
-    with pytest.raises(MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"):
+    with pytest.raises(
+        MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"
+    ):
         phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)
