@@ -1,6 +1,7 @@
 """Every way phalanx is checked, as nox sessions. ``nox`` runs the default
 ones (lint, typecheck, tests, docs, slurm, mpi, multihost, ray, horovod, xla,
-torch_range on the oldest and the newest supported torch, torch_below_range);
+torchft, torch_range on the oldest and the newest supported torch,
+torch_below_range);
 ``nox -s tests`` one of them.
 ``slurm`` and ``mpi`` install Debian packages with apt-get: they need root
 on a Debian or Ubuntu machine (CI).
@@ -54,6 +55,7 @@ nox.options.sessions = [
     "ray",
     "horovod",
     "xla",
+    "torchft",
     "torch_range",
     "torch_below_range",
 ]
@@ -287,10 +289,8 @@ def torchft(session: nox.Session) -> None:
     """phalanx-torchft on TorchFT 0.2 from PyPI (a 2.4 MB wheel with its Rust
     lighthouse; torch>=2.7, so the pinned torch stays): strategy ddp_ft and
     launcher replica_groups on this host, replica groups of gloo ranks, one
-    killed with SIGKILL while the job trains. Not in the default sessions
-    yet: a group healed after a kill ends with other weights than its peers
-    (test_a_killed_group_heals_from_a_peer_while_the_others_train_on), which
-    is being worked on."""
+    killed with SIGKILL while the job trains, the others going on, the
+    killed one healing from a peer."""
     install_packages(session)
     session.install("torchft>=0.2,<0.3", "pytest>=8")
     session.run("pytest", "plugins/torchft/tests", *session.posargs)

@@ -1,7 +1,8 @@
 """A lost replica under ``ddp_ft`` against a restart under ``ddp
 --max-restarts``, in one run, on this host (CPU, gloo).
 
-    python bench/ddp_ft.py [--groups 3] [--steps 60] [--pad 0.25] [--kill-at 20] [--every 10] [--json]
+    python bench/ddp_ft.py [--groups 3] [--steps 60] [--pad 0.25] [--kill-at 25] [--every 10]
+                           [--heartbeat-timeout 1.0] [--json]
 
 Workload: ``bench/ddp_ft_train.py`` (a small MLP, ``--pad`` seconds of
 sleep in each step, one line per step). Four jobs, one after the other:
@@ -89,13 +90,18 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--pad", type=float, default=0.25)
-    parser.add_argument("--kill-at", type=int, default=20)
+    parser.add_argument("--kill-at", type=int, default=25)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument(
+        "--heartbeat-timeout", type=float, default=1.0, help="the replica_groups launcher's (seconds)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     g = str(args.groups)
 
-    ft = Run(["--strategy", "ddp_ft", "--replica-groups", g, "--devices", "1", "--max-restarts", "1"], args)
+    ft_flags = ["--strategy", "ddp_ft", "--replica-groups", g, "--devices", "1"]
+    ft_flags += ["-o", f"heartbeat_timeout={args.heartbeat_timeout}"]
+    ft = Run([*ft_flags, "--max-restarts", "1"], args)
     killed, _ = ft.kill_at(1, args.kill_at)
     ft.wait()
     survivors = [s for s in ft.steps if s[0] != 1]
@@ -114,7 +120,7 @@ def main() -> None:
     next_step = min(s[4] for s in ddp.steps if s[1] not in before)  # a restarted rank's first step
     redone = at - (at // args.every) * args.every
 
-    quiet_ft = Run(["--strategy", "ddp_ft", "--replica-groups", g, "--devices", "1"], args)
+    quiet_ft = Run(ft_flags, args)
     quiet_ft.wait()
     quiet_ddp = Run(["--strategy", "ddp", "--devices", g], args)
     quiet_ddp.wait()
@@ -123,6 +129,7 @@ def main() -> None:
     result = {
         "groups": args.groups,
         "pad_s": args.pad,
+        "heartbeat_timeout_s": args.heartbeat_timeout,
         "ddp_ft_survivor_longest_gap_s": round(max(gaps), 3),
         "ddp_ft_survivor_steps_not_committed": not_committed,
         "ddp_max_restarts_kill_to_next_step_s": round(next_step - killed_ddp, 3),
@@ -135,7 +142,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{g} groups of 1 rank (ddp_ft) / {g} ranks (ddp), step padded {args.pad} s, CPU")
+    print(
+        f"{g} groups of 1 rank (ddp_ft, heartbeat_timeout {args.heartbeat_timeout} s) / {g} ranks (ddp), "
+        f"step padded {args.pad} s, CPU"
+    )
     print(
         f"ddp_ft, group 1 killed at step {args.kill_at}: survivors' longest gap "
         f"{result['ddp_ft_survivor_longest_gap_s']} s, their steps not committed {not_committed}"

@@ -124,7 +124,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
     def listens(cls, num_nodes: int) -> str | None:
         return (
             "127.0.0.1: the lighthouse, each group's store and its ranks' gloo; every interface ([::]): "
-            "TorchFT's manager server on each group's rank 0 (TorchFT binds it so)"
+            "TorchFT's manager server (each group's rank 0) and its checkpoint server (every rank), "
+            "which TorchFT 0.2 binds so with no option to narrow them"
         )
 
     def launch(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
