@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
 import phalanx
-from phalanx_core import MisconfigurationError
+from phalanx_core import CheckpointDirectory, MisconfigurationError
 
 SCRIPT = textwrap.dedent(
     """
@@ -233,3 +233,61 @@ def test_the_replica_groups_options_are_checked():
         MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"
     ):
         phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)
+
+
+CHECKPOINTED = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import torch
+    import phalanx
+    from phalanx_core import CheckpointDirectory
+
+    out, until = Path(sys.argv[1]), int(sys.argv[2])
+    strategy = phalanx.resolve()
+    strategy.launch()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    checkpoints = CheckpointDirectory(out / "ckpt")
+    first = strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
+    print(f"RESUMED group={strategy.replica_group} at={first} step={strategy.current_step}", flush=True)
+    while strategy.current_step < until:
+        optimizer.zero_grad()
+        strategy.backward(model(torch.ones(2, 4)).sum())
+        strategy.optimizer_step(optimizer)
+        if strategy.current_step % 3 == 0:
+            checkpoints.save(strategy, strategy.current_step, {"model": model, "optimizer": optimizer})
+            if strategy.is_global_zero:
+                print(f"WROTE group={strategy.replica_group} step={strategy.current_step}", flush=True)
+    """
+)
+
+
+def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_all(tmp_path):
+    import torch
+
+    (tmp_path / "train.py").write_text(CHECKPOINTED)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def run(until: int) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu",
+             "--devices", "1", "--replica-groups", "2", "train.py", str(out), str(until)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = run(6)
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", first) == [("0", "0")] * 2
+    writers = re.findall(r"WROTE group=(\d) step=(\d+)", first)
+    assert sorted(step for _, step in writers) == ["3", "6"], first  # one writer per save
+    saved = torch.load(out / "ckpt" / CheckpointDirectory(out / "ckpt").path(6).name, weights_only=True)
+    assert saved["torchft"]["step"] == 6
+
+    again = run(9)
+    # Both groups start at the saved step: TorchFT's step came back with it.
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", again) == [("6", "6")] * 2
+    assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", again)) == ["9"]

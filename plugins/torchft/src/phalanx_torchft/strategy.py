@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from phalanx_core import MisconfigurationError
+from phalanx_core import CheckpointDirectory, MisconfigurationError, SaveHandle
 from phalanx_core.launching import before_threads_join
 from phalanx_torch.strategies import DDPStrategy
 
@@ -226,6 +227,73 @@ class DDPFTStrategy(DDPStrategy):
             use_distributed_sampler=use_distributed_sampler,
             move_to_device=move_to_device,
         )
+
+    # -- checkpoints -------------------------------------------------------------
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Rank 0 of the group that leads the step's quorum (TorchFT's
+        participating rank 0; group 0 before the first quorum): the one
+        process of the job that writes a checkpoint and prints with
+        :meth:`print`."""
+        if self.global_rank != 0:
+            return False
+        manager = self._manager
+        leader = manager.participating_rank() if manager is not None else None
+        if leader is None and (manager is None or manager.current_step() == 0):
+            return self.replica_group == 0
+        return leader == 0
+
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
+        """As every strategy's, with TorchFT's own state (its step count)
+        under ``"torchft"``. One group writes, the one that leads the step's
+        quorum (the groups in it hold the same state); every rank of every
+        group calls it at the same step. Call it after ``optimizer_step``,
+        where the step's quorum is known."""
+        with_torchft = {**state, "torchft": self.manager.state_dict()}
+        return super().save_checkpoint(path, with_torchft, blocking=blocking)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        state: Mapping[str, Any] | None = None,
+        *,
+        strict: bool = True,
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        """As every strategy's; TorchFT's state in it (``"torchft"``, its
+        step count) is loaded into the manager, so that the groups start at
+        the step the checkpoint was saved at. A group that loads an older
+        checkpoint than its peers have reached copies their state at the
+        next step."""
+        loaded = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        torchft_state = loaded.pop("torchft", None)
+        if torchft_state is not None:
+            self.manager.load_state_dict(torchft_state)
+        return loaded
+
+    def resume(
+        self,
+        checkpoints: CheckpointDirectory | str | os.PathLike[str],
+        state: Mapping[str, Any],
+        *,
+        strict: bool = True,
+        weights_only: bool = True,
+    ) -> int:
+        """As every strategy's, in each group: the group's rank 0 finds the
+        newest complete checkpoint and the group's ranks load it."""
+        directory = (
+            checkpoints if isinstance(checkpoints, CheckpointDirectory) else CheckpointDirectory(checkpoints)
+        )
+        found = directory.latest_step() if self.global_rank == 0 else None
+        if self.world_size > 1:
+            found = self.broadcast_object(found, src=0)
+        if found is None:
+            return 0
+        self.load_checkpoint(directory.path(found), state, strict=strict, weights_only=weights_only)
+        return int(found)
 
     # -- a step ----------------------------------------------------------------
 
