@@ -197,11 +197,12 @@ class DDPFTStrategy(DDPStrategy):
         inner = [getattr(o, "optim", o) for o in optimizers]
 
         def state_dict() -> dict[str, Any]:
-            # Copies: TorchFT 0.2 serves CPU tensors as they are (it copies
-            # only GPU ones to the CPU) and a healing peer reads them over
-            # HTTP later, by when this group's optimizer may have stepped
-            # them: the healed group ended with other weights than its
-            # peers'. Taken in the quorum, before this step's update.
+            # Copies: TorchFT 0.2 serves CPU tensors as they are (its
+            # _to_cpu copies only GPU ones) and a healing peer reads them
+            # over HTTP later, when this group's optimizer may already have
+            # stepped them. Taken in the quorum, before this step's update.
+            # (Found by reading TorchFT; the divergence the tests saw was
+            # DDP's bucket order, see __init__.)
             return _copied({"module": module.state_dict(), "optimizers": [o.state_dict() for o in inner]})
 
         def load_state_dict(state: dict[str, Any]) -> None:
