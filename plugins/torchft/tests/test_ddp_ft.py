@@ -3,6 +3,7 @@ this host, a rank killed with SIGKILL while the job trains."""
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     import torch
     from torch import nn
+    from torch.utils.data import DataLoader, Dataset
     import phalanx
 
     out = Path(sys.argv[1])
@@ -40,8 +42,17 @@ SCRIPT = textwrap.dedent(
             loads.append(strategy.current_step)
             return super().load_state_dict(state, *args, **kwargs)
 
+    class Samples(Dataset):
+        def __len__(self):
+            return 120
+
+        def __getitem__(self, i):
+            return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
+
     model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
+    batches = iter(loader)
     where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
     while True:
         if stop is None and (out / "stop").exists():
@@ -50,14 +61,25 @@ SCRIPT = textwrap.dedent(
             break
         step = strategy.current_step
         optimizer.zero_grad()
-        data = torch.Generator().manual_seed(1000 * step + strategy.replica_group)
-        x = torch.randn(4, 8, generator=data)
+        try:
+            ids, x = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            ids, x = next(batches)
+        print(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}",
+              flush=True)
+        victim = out / "victim"
+        if strategy.replica_group == 1 and strategy.global_rank == 0 and step >= 10 and not victim.exists():
+            (out / "victim.tmp").write_text(str(os.getpid()))
+            (out / "victim.tmp").rename(victim)
+            time.sleep(120)  # the test kills this process here, its batch in hand
         loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
         time.sleep(0.1)
         strategy.backward(loss)
         strategy.optimizer_step(optimizer)
         print(f"STEP {where} step={step} committed={strategy.committed} "
-              f"participants={strategy.participants} t={time.monotonic():.3f} "
+              f"participants={strategy.participants} participating={strategy.participating} "
+              f"t={time.monotonic():.3f} "
               f"sum={sum(float(p.detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
     torch.save(
         {"weights": [p.detach() for p in model.parameters()], "loads": loads},
@@ -68,8 +90,10 @@ SCRIPT = textwrap.dedent(
 )
 
 LINE = re.compile(
-    r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) t=([\d.]+)"
+    r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) "
+    r"participating=(\w+) t=([\d.]+)"
 )
+BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
 
 
 class Job:
@@ -81,6 +105,8 @@ class Job:
         self.out.mkdir()
         self.lines: list[str] = []
         self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
+        self.participated: dict[int, list[bool]] = {}  # by pid: each step's
+        self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu",
@@ -96,10 +122,15 @@ class Job:
             self.lines.append(line)
             found = LINE.search(line)
             if found:
-                g, r, pid, step, committed, participants, t = found.groups()
+                g, r, pid, step, committed, participants, participating, t = found.groups()
                 self.steps.append(
                     (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t))
                 )
+                self.participated.setdefault(int(pid), []).append(participating == "True")
+            batch = BATCH.search(line)
+            if batch:
+                *_, pid, _, epoch, ids = batch.groups()
+                self.batches.setdefault(int(pid), []).append((int(epoch), [int(i) for i in ids.split(",")]))
 
     def wait_for(self, condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
@@ -141,6 +172,21 @@ class Job:
                 seen.append(pid)
         return seen
 
+    def trained(self) -> dict[int, collections.Counter[int]]:
+        """By epoch, how many times each sample was in a committed step that
+        its rank took part in (a rank's batches and steps, in order: a
+        killed rank's last batch has no step)."""
+        counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+        committed_by_pid: dict[int, list[bool]] = collections.defaultdict(list)
+        for _, _, pid, _, committed, *_ in self.steps:
+            committed_by_pid[pid].append(committed)
+        for pid, batches in self.batches.items():
+            verdicts = zip(committed_by_pid[pid], self.participated.get(pid, []), strict=True)
+            for (epoch, ids), (committed, participating) in zip(batches, verdicts, strict=False):
+                if committed and participating:
+                    counts[epoch].update(ids)
+        return counts
+
     def ends(self) -> dict[int, dict]:
         import torch
 
@@ -161,8 +207,10 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("devices", [1, 2])
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, devices):
     job = Job(tmp_path, "--devices", str(devices), "--replica-groups", "3", "--max-restarts", "1")
-    job.wait_for(lambda: any(s[0] == 1 and s[3] >= 10 for s in job.steps), "group 1 at step 10")
-    [victim] = job.pids(1)
+    # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 at step 10")
+    victim = int(victim_file.read_text())
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     job.wait_for(lambda: len(job.pids(1)) == 2, "group 1 training again")
@@ -187,8 +235,13 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, de
     ends = job.ends()
     assert sorted(ends) == [0, 1, 2]
     first = ends[0]["weights"]
-    for group in (1, 2):
-        assert all(a.equal(b) for a, b in zip(first, ends[group]["weights"], strict=True)), group
+    import torch
+
+    every_rank = sorted(job.out.glob("group*-rank*-*.pt"))
+    assert len(every_rank) == 3 * devices
+    for path in every_rank:  # each rank of each group: one model
+        weights = torch.load(path)["weights"]
+        assert all(a.equal(b) for a, b in zip(first, weights, strict=True)), path.name
     # The restarted group loaded its state once, from a peer, at the step
     # the job had reached. A survivor may copy its peers' state too, without
     # a restart: at the start, where every group but one copies the first
@@ -204,6 +257,19 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, de
     for group in (0, 2):
         assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]
     assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/checkpoint*"))
+
+    # Every sample of an epoch was in one committed step, the batch of the
+    # step the victim died in (given back) included; an epoch's last step
+    # repeats a few (fewer than its ranks) where the rest does not fill it.
+    trained = job.trained()
+    everything = set(range(120))
+    assert len(trained) >= 2, trained  # the kill inside the first epoch, and more after
+    for epoch in sorted(trained):
+        counts = trained[epoch]
+        repeated = sum(n - 1 for n in counts.values())
+        if epoch < max(trained):
+            assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
+        assert repeated == 0 or (set(counts) == everything and repeated < 3 * devices), (epoch, counts)
 
 
 def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finish(tmp_path):

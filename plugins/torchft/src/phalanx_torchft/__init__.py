@@ -7,9 +7,13 @@ step's members through a lighthouse, drops a group that is gone at the
 next step, and heals a group that comes back from a healthy peer.
 ``replica_groups`` (:class:`~phalanx_torchft.launcher.ReplicaGroupsLauncher`)
 starts the lighthouse and the groups and restarts a group that dies.
+:class:`QuorumLoader` (what ``setup_dataloader`` returns) deals each
+step's samples out over the groups in the step.
 Importing this package imports neither torch nor torchft.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._loader import QuorumLoader
+
+__all__ = ["QuorumLoader"]

@@ -15,6 +15,7 @@ from phalanx_core import CheckpointDirectory, MisconfigurationError, SaveHandle
 from phalanx_core.launching import before_threads_join
 from phalanx_torch.strategies import DDPStrategy
 
+from ._loader import QuorumLoader
 from ._variables import LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
 
 __all__ = ["DDPFTStrategy"]
@@ -91,6 +92,8 @@ class DDPFTStrategy(DDPStrategy):
         self._step_open = False  # a quorum was asked for and the step not yet committed
         self._verdict: bool | None = None  # should_commit()'s answer for the step
         self._registered = 0
+        self._healed: list[tuple[Any, list[Any]]] = []  # (module, optimizers) each setup() registered
+        self._loaders: list[QuorumLoader] = []
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
 
@@ -123,6 +126,12 @@ class DDPFTStrategy(DDPStrategy):
         quorum's members that are not healing); the gradients are averaged
         over them."""
         return int(self.manager.num_participants())
+
+    @property
+    def participating(self) -> bool:
+        """Whether this group's gradients are part of the current step
+        (``False`` in a step where the group heals: TorchFT zeroes them)."""
+        return bool(self.manager.is_participating())
 
     @property
     def current_step(self) -> int:
@@ -212,22 +221,59 @@ class DDPFTStrategy(DDPStrategy):
 
         self.manager.register_state_dict_fn(f"phalanx_{self._registered}", load_state_dict, state_dict)
         self._registered += 1
+        self._healed.append((module, inner))
+
+    def _agree_within_the_group(self) -> None:
+        """In the job's first step, before the optimizer steps, every rank of
+        this group takes its rank 0's module state, gradients and optimizer
+        state. In that step every group but
+        one copies that one's state (TorchFT's ``init_sync``, for groups
+        whose weights were initialised unlike), and TorchFT picks that one
+        for each rank of a group apart (rank r of every group copies from
+        rank r of a source group, spread over the up-to-date groups): with
+        several ranks a group, rank 0 and rank 1 would go on from different
+        groups' weights (seen: two ranks of one group, two models). Rank 0
+        of every group holds the same state and gradients, so after this
+        every rank of the job does."""
+        if self.world_size == 1:
+            return
+        for module, optimizers in self._healed:
+            tensors = [
+                *module.state_dict().values(),
+                *(p.grad for p in module.parameters() if p.grad is not None),
+            ]
+            for tensor in tensors:
+                dist.broadcast(tensor, src=0, group=self.process_group)
+            for optimizer in optimizers:
+                state = self.broadcast_object(
+                    optimizer.state_dict() if self.global_rank == 0 else None, src=0
+                )
+                if self.global_rank != 0:
+                    optimizer.load_state_dict(state)
 
     def setup_dataloader(
         self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
     ) -> Any:
-        """As every strategy's, with the dataset split over every rank of
-        every replica group (``replica_groups x devices`` shares): group
-        ``g``'s rank ``r`` reads share ``g x devices + r``. A group that is
-        out of a step does not train on its share of that step."""
-        from phalanx_core._data import distribute_loader
+        """A loader that deals each step's samples out over the groups in
+        that step's quorum (:class:`~phalanx_torchft.QuorumLoader`): the
+        samples of a step that is dropped are dealt again over the groups
+        that are left, and a group that heals starts where the job is.
+        Each sample of an epoch is in exactly one committed step (see the
+        class for the epoch's end). With ``use_distributed_sampler=False``
+        the loader is as given, split by you (its batches moved to the
+        device where asked)."""
+        if not use_distributed_sampler:
+            from phalanx_core._data import distribute_loader
 
-        return distribute_loader(
-            _AcrossGroups(self),
-            dataloader,
-            use_distributed_sampler=use_distributed_sampler,
-            move_to_device=move_to_device,
+            return distribute_loader(
+                self, dataloader, use_distributed_sampler=False, move_to_device=move_to_device
+            )
+        loader = QuorumLoader(self, dataloader, move=move_to_device)
+        self.manager.register_state_dict_fn(
+            f"phalanx_loader_{len(self._loaders)}", loader._heal, loader.state_dict
         )
+        self._loaders.append(loader)
+        return loader
 
     # -- checkpoints -------------------------------------------------------------
 
@@ -312,6 +358,10 @@ class DDPFTStrategy(DDPStrategy):
             self._open_step()
             self._verdict = bool(self.manager.should_commit())
             self.committed = self._verdict
+            if self._verdict and self.manager.current_step() == 1:
+                self._agree_within_the_group()
+            for loader in self._loaders:
+                loader._settle(self._verdict)
             self._step_open = False
         return self._verdict
 
@@ -334,24 +384,6 @@ def _copied(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(_copied(value) for value in state)
     return state
-
-
-class _AcrossGroups:
-    """The ranks a loader is split over: every rank of every group."""
-
-    def __init__(self, strategy: DDPFTStrategy) -> None:
-        self._strategy = strategy
-
-    @property
-    def global_rank(self) -> int:
-        return self._strategy.replica_group * self._strategy.world_size + self._strategy.global_rank
-
-    @property
-    def world_size(self) -> int:
-        return self._strategy.replica_groups * self._strategy.world_size
-
-    def batch_to_device(self, batch: Any) -> Any:
-        return self._strategy.batch_to_device(batch)
 
 
 def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
