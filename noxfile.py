@@ -136,8 +136,8 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """pytest over every package's tests and the cross-package tests/."""
     install_packages(session)
-    session.install("pytest>=8", "hypothesis>=6.100")
-    session.run("pytest", *(session.posargs or TEST_PATHS))
+    session.install("pytest>=8", "hypothesis>=6.100", *XDIST)
+    session.run("pytest", *PARALLEL, *(session.posargs or TEST_PATHS))
 
 
 @session
@@ -314,6 +314,11 @@ RANGE_TESTS = [
     "plugins/compose/tests",
     "tests/test_run.py",
     "tests/test_restarts.py::test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened",
+    # Kills a background save at 12 points twice (130 s of 390 on two
+    # workers): the file system's and phalanx's, not torch's; ``tests`` runs it.
+    "--deselect",
+    "plugins/torch/tests/test_checkpoint_directory.py::"
+    "test_a_background_save_killed_at_random_points_leaves_a_loadable_checkpoint",
 ]
 
 

@@ -153,6 +153,7 @@ def test_explain_says_where_the_job_listens(argv, listens, monkeypatch):
     code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
     assert json.loads(out)["listens"].startswith(listens)
     assert json.loads(out)["network"] == network
+    assert json.loads(out)["launcher_says"] == {}  # these launchers say nothing more
 
 
 def test_explain_says_which_interface_the_ranks_use_and_refuses_none(monkeypatch):

@@ -87,6 +87,12 @@ class Launcher(ABC):
         own connections); ``None`` when the launcher does not say."""
         return None
 
+    def explain(self) -> dict[str, str]:
+        """What ``phalanx explain`` says of the job this launcher starts,
+        past its parts and where it listens: a label (one word, at most 12
+        characters) for each line. Nothing by default."""
+        return {}
+
     @classmethod
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
         """Whether this launcher can be used where ``environment`` (a class

@@ -4,6 +4,7 @@ this host, a rank killed with SIGKILL while the job trains."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -299,6 +300,28 @@ def test_the_replica_groups_options_are_checked():
         MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"
     ):
         phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)
+
+
+def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
+    argv = [sys.executable, "-m", "phalanx", "explain", "--strategy", "ddp_ft", "--accelerator", "cpu",
+            "--devices", "2", "-o", "replica_groups=3", "-o", "min_replicas=2", "-o", "heartbeat_timeout=0.5"]  # fmt: skip
+    said = json.loads(
+        subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
+    )
+    said = said["launcher_says"]
+    assert said["groups"].startswith("3 replica groups of 2 rank(s) each on this host")
+    assert "up to 3 time(s) each" in said["groups"]
+    assert said["lighthouse"].startswith("TorchFT's, in phalanx run's own process")
+    assert "a heartbeat younger than 0.5 s (heartbeat_timeout)" in said["quorum"]
+    assert "at least 2 (min_replicas) and more than half of the heartbeating groups" in said["quorum"]
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert [
+        line[:12].strip() for line in text.splitlines() if line.startswith(("groups", "lighthouse", "quorum"))
+    ] == [
+        "groups",
+        "lighthouse",
+        "quorum",
+    ]
 
 
 CHECKPOINTED = textwrap.dedent(

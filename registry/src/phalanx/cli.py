@@ -238,12 +238,14 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         **_options(args.option),
     )
     network = devices_here = None
+    said: dict[str, str] = {}
     if not args.plan_only:
         # Every check resolve() runs: the parts' constructors (the backend
         # there, the accelerator's devices, the precision and the collective
         # against the accelerator, the collective against the launcher).
         strategy = registry.build(plan)
         devices_here = strategy.launcher.num_processes
+        said = strategy.launcher.explain()
         describe = getattr(strategy.collective, "network", None)
         if callable(describe):
             world = strategy.launcher.num_processes * strategy.launcher.num_nodes
@@ -260,6 +262,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
             "devices_here": devices_here,
             "listens": listens,
             "network": network,
+            "launcher_says": said,
             "built": not args.plan_only,
         }
         json.dump(document, out, indent=2)
@@ -270,6 +273,8 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
             print(f"backend      {backend.say()}", file=out)
         if listens:
             print(f"listens on   {listens}", file=out)
+        for label, line in said.items():
+            print(f"{label:<12} {line}", file=out)
         if network:
             print(f"network      {network}", file=out)
         print(

@@ -128,6 +128,27 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             "which TorchFT 0.2 binds so with no option to narrow them"
         )
 
+    def explain(self) -> dict[str, str]:
+        return {
+            "groups": (
+                f"{self.replica_groups} replica groups of {self.num_processes} rank(s) each on this host, "
+                "each a job of its own (store, ranks); a group that fails is started again alone, "
+                f"up to {self.max_restarts} time(s) each, while the others train on"
+            ),
+            "lighthouse": (
+                "TorchFT's, in phalanx run's own process (127.0.0.1, a port from the kernel); "
+                "if that process is lost, so are the groups"
+            ),
+            "quorum": (
+                "each step's groups are those that ask for it with a heartbeat younger than "
+                f"{self.heartbeat_timeout:g} s (heartbeat_timeout): at once when every group of the last "
+                "step's quorum has asked; else once every heartbeating group has, or "
+                f"{self.join_timeout:g} s after the first did (join_timeout), if they are at least "
+                f"{self.min_replicas} (min_replicas) and more than half of the heartbeating groups; "
+                f"else the step waits. Checked every {self.quorum_tick:g} s (quorum_tick)"
+            ),
+        }
+
     def launch(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
         if os.environ.get("TORCHELASTIC_RUN_ID"):
             return super().launch(fn, *args, **kwargs)
