@@ -36,9 +36,7 @@ class QuorumLoader:
 
     A group that heals is given a batch it does not train on (TorchFT
     zeroes its gradients in that step) and takes its peers' position with
-    their weights. In the job's first step, where every group but one copies
-    that one's weights (TorchFT's ``init_sync``), every group is given that
-    one's batch: the step takes ``R x B`` samples.
+    their weights.
 
     Iterating gives the rest of the job's current epoch, then the loader
     moves to the next one: :attr:`epoch` is the job's epoch (a healed group
@@ -106,11 +104,6 @@ class QuorumLoader:
         manager = strategy.manager
         participants = max(int(manager.num_participants()), 1)  # waits for the quorum
         mine = manager.participating_rank() or 0
-        if manager.current_step() == 0:
-            # The job's first step: every group but one copies that one's
-            # weights in it (TorchFT's init_sync), and their gradients are
-            # zeroed. Each group is given the one's batch.
-            participants, mine = 1, 0
         share = self._share(start, participants, mine * ranks + strategy.global_rank)
         if not share:  # drop_last: fewer samples left than ranks in the step
             self._end_epoch()

@@ -123,9 +123,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
     @classmethod
     def listens(cls, num_nodes: int) -> str | None:
         return (
-            "127.0.0.1: the lighthouse, each group's store and its ranks' gloo; every interface ([::]): "
-            "TorchFT's manager server (each group's rank 0) and its checkpoint server (every rank), "
-            "which TorchFT 0.2 binds so with no option to narrow them"
+            "127.0.0.1: the lighthouse, each group's store and its ranks' gloo (healing transfers "
+            "included); every interface ([::]): TorchFT's manager server (each group's rank 0), which "
+            "TorchFT 0.2 binds so with no option to narrow it"
         )
 
     def explain(self) -> dict[str, str]:

@@ -92,7 +92,6 @@ class DDPFTStrategy(DDPStrategy):
         self._step_open = False  # a quorum was asked for and the step not yet committed
         self._verdict: bool | None = None  # should_commit()'s answer for the step
         self._registered = 0
-        self._healed: list[tuple[Any, list[Any]]] = []  # (module, optimizers) each setup() registered
         self._loaders: list[QuorumLoader] = []
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
@@ -135,9 +134,11 @@ class DDPFTStrategy(DDPStrategy):
 
     @property
     def current_step(self) -> int:
-        """The job's count of committed steps, the same on every group (a
-        healed group takes its peers')."""
-        return int(self.manager.current_step())
+        """The job's count of committed training steps, the same on every
+        group (a healed group takes its peers'). TorchFT's own count
+        (``manager.current_step()``, saved in checkpoints) is one more: the
+        job's first step makes the groups alike (``setup``)."""
+        return max(int(self.manager.current_step()) - 1, 0)
 
     # -- setting up ------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class DDPFTStrategy(DDPStrategy):
 
     def _make_manager(self) -> Any:
         from torchft import Manager, ProcessGroupGloo
+        from torchft.checkpointing.pg_transport import PGTransport
 
         group, _ = replica_group_of_this_process("strategy 'ddp_ft'")
         lighthouse = os.environ.get(LIGHTHOUSE_VAR)
@@ -167,8 +169,16 @@ class DDPFTStrategy(DDPStrategy):
             )
         seconds = timedelta(seconds=self.replica_timeout)
         environment = self.environment
+        _quieten_torchft()
+        across = ProcessGroupGloo(timeout=seconds)
         return Manager(
-            pg=ProcessGroupGloo(timeout=seconds),
+            pg=across,
+            # A healing group receives its peers' state over the groups'
+            # own gloo group, not TorchFT's default HTTP server: that one
+            # listens on every interface, logs each request to stderr and
+            # reads the state when the peer asks, after this group may
+            # have stepped.
+            checkpoint_transport=PGTransport(across, timeout=seconds, device=torch.device("cpu")),
             load_state_dict=None,
             state_dict=None,
             min_replica_size=min_replicas(),
@@ -184,6 +194,7 @@ class DDPFTStrategy(DDPStrategy):
             # its replica id ends with.
             replica_id=f"phalanx_group_{group}",
             hostname=_address_toward(lighthouse),
+            init_sync=False,  # the groups are made alike in a step of their own: _start_alike
         )
 
     def setup_module(self, module: Any) -> Any:
@@ -206,13 +217,12 @@ class DDPFTStrategy(DDPStrategy):
         inner = [getattr(o, "optim", o) for o in optimizers]
 
         def state_dict() -> dict[str, Any]:
-            # Copies: TorchFT 0.2 serves CPU tensors as they are (its
-            # _to_cpu copies only GPU ones) and a healing peer reads them
-            # over HTTP later, when this group's optimizer may already have
-            # stepped them. Taken in the quorum, before this step's update.
-            # (Found by reading TorchFT; the divergence the tests saw was
-            # DDP's bucket order, see __init__.)
-            return _copied({"module": module.state_dict(), "optimizers": [o.state_dict() for o in inner]})
+            # Read in the quorum and sent there (PGTransport, see
+            # _make_manager), before this step's update: should_commit, and
+            # so the optimizer, waits for the quorum. (TorchFT's HTTP
+            # transport served these tensors later, when a healing peer
+            # asked: after this group may have stepped them.)
+            return {"module": module.state_dict(), "optimizers": [o.state_dict() for o in inner]}
 
         def load_state_dict(state: dict[str, Any]) -> None:
             module.load_state_dict(state["module"])
@@ -221,35 +231,51 @@ class DDPFTStrategy(DDPStrategy):
 
         self.manager.register_state_dict_fn(f"phalanx_{self._registered}", load_state_dict, state_dict)
         self._registered += 1
-        self._healed.append((module, inner))
+        self._start_alike(module)
 
-    def _agree_within_the_group(self) -> None:
-        """In the job's first step, before the optimizer steps, every rank of
-        this group takes its rank 0's module state, gradients and optimizer
-        state. In that step every group but
-        one copies that one's state (TorchFT's ``init_sync``, for groups
-        whose weights were initialised unlike), and TorchFT picks that one
-        for each rank of a group apart (rank r of every group copies from
-        rank r of a source group, spread over the up-to-date groups): with
-        several ranks a group, rank 0 and rank 1 would go on from different
-        groups' weights (seen: two ranks of one group, two models). Rank 0
-        of every group holds the same state and gradients, so after this
-        every rank of the job does."""
-        if self.world_size == 1:
-            return
-        for module, optimizers in self._healed:
+    def _start_alike(self, module: Any) -> None:
+        """Give every group the module state of one, in a step of its own
+        (the job's first: TorchFT's step 1): the groups may have
+        initialised their modules unlike (each is seeded its own way), and
+        from here on they must be alike. The group that leads the quorum
+        (participating rank 0) sends, rank by rank (rank r of each group
+        holds the same part of the module: all of it under DDP, shard r
+        under FSDP), by an all-reduce in which the others add zeros; a group
+        that does not commit this step copies a peer's state at the next
+        one, as TorchFT heals. A group that joins a job past its start does
+        nothing here: it heals in its first step.
+
+        (TorchFT's own answer, ``init_sync``, has every group but one copy
+        that one's state in the first training step; but it picks the group
+        to copy from for each rank apart, so the ranks of a group of two
+        went on from two different models, seen here.)"""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        manager = self.manager
+        while True:
+            self._open_step()
+            manager.wait_quorum()
+            if manager.current_step() > 0:
+                return  # the step this quorum opened is this group's first; it heals in it
             tensors = [
-                *module.state_dict().values(),
-                *(p.grad for p in module.parameters() if p.grad is not None),
+                t.to_local() if isinstance(t, DTensor) else t
+                for t in module.state_dict().values()
+                if t.dtype != torch.bool
             ]
-            for tensor in tensors:
-                dist.broadcast(tensor, src=0, group=self.process_group)
-            for optimizer in optimizers:
-                state = self.broadcast_object(
-                    optimizer.state_dict() if self.global_rank == 0 else None, src=0
-                )
-                if self.global_rank != 0:
-                    optimizer.load_state_dict(state)
+            leads = manager.participating_rank() == 0
+            sent = [t.detach().clone() if leads else torch.zeros_like(t) for t in tensors]
+            for tensor in sent:
+                manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
+            committed = manager.should_commit()
+            self._step_open = False
+            if committed:
+                with torch.no_grad():
+                    for tensor, alike in zip(tensors, sent, strict=True):
+                        tensor.copy_(alike)
+                return
+            if manager.current_step() > 0:
+                return  # a peer committed it: this group copies its state at the next step
 
     def setup_dataloader(
         self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
@@ -312,12 +338,15 @@ class DDPFTStrategy(DDPStrategy):
     ) -> dict[str, Any]:
         """As every strategy's; TorchFT's state in it (``"torchft"``, its
         step count) is loaded into the manager, so that the groups start at
-        the step the checkpoint was saved at. A group that loads an older
-        checkpoint than its peers have reached copies their state at the
-        next step."""
+        the step the checkpoint was saved at. A group that joins a job that
+        is past the checkpoint keeps the job's step and copies its peers'
+        state in its first step."""
         loaded = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
         torchft_state = loaded.pop("torchft", None)
-        if torchft_state is not None:
+        # Not behind the step the quorum gave: a group that joins a job past
+        # the checkpoint copies its peers' state in this step, and keeps
+        # their step.
+        if torchft_state is not None and int(torchft_state["step"]) >= self.manager.current_step():
             self.manager.load_state_dict(torchft_state)
         return loaded
 
@@ -358,8 +387,6 @@ class DDPFTStrategy(DDPStrategy):
             self._open_step()
             self._verdict = bool(self.manager.should_commit())
             self.committed = self._verdict
-            if self._verdict and self.manager.current_step() == 1:
-                self._agree_within_the_group()
             for loader in self._loaders:
                 loader._settle(self._verdict)
             self._step_open = False
@@ -375,15 +402,29 @@ class DDPFTStrategy(DDPStrategy):
         super().teardown()
 
 
-def _copied(state: Any) -> Any:
-    """``state`` with every tensor in it copied (dicts, lists, tuples)."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, dict):
-        return {key: _copied(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_copied(value) for value in state)
-    return state
+def _quieten_torchft() -> None:
+    """TorchFT's own lines that say nothing to a ``ddp_ft`` user: the NCCL
+    flight recorder it cannot reset (the groups talk over gloo, which has
+    none; said at every new quorum), torch's warnings on the bytes of a
+    healing transfer (read-only; a pytree spec's deprecated class); and the tracebacks of its failed steps,
+    whose message line (kept) already says what failed: the traceback is
+    TorchFT's wait on the collective."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message="The given buffer is not writable", module=r"torchft\.")
+    # torch 2.10+ on what TorchFT 0.2's PGTransport unpickles (a pytree spec).
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", module=r"torchft\."
+    )
+
+    def keep(record: logging.LogRecord) -> bool:
+        if "Unable to reset NCCL flight recorder" in record.getMessage():
+            return False
+        record.exc_info = record.exc_text = None
+        return True
+
+    logging.getLogger("torchft.manager").addFilter(keep)
 
 
 def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
