@@ -24,7 +24,7 @@ from phalanx_core import CheckpointDirectory, MisconfigurationError
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import functools, os, sys, time
     from pathlib import Path
     import torch
     from torch import nn
@@ -51,8 +51,9 @@ SCRIPT = textwrap.dedent(
             return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
 
     model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.05))
     loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # hsdp_ft: this rank's shard
     batches = iter(loader)
     where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
     while True:
@@ -81,9 +82,10 @@ SCRIPT = textwrap.dedent(
         print(f"STEP {where} step={step} committed={strategy.committed} "
               f"participants={strategy.participants} participating={strategy.participating} "
               f"t={time.monotonic():.3f} "
-              f"sum={sum(float(p.detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
+              f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     torch.save(
-        {"weights": [p.detach() for p in model.parameters()], "loads": loads},
+        {"weights": whole, "loads": loads},
         out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
     )
     print(f"DONE {where}", flush=True)
@@ -100,7 +102,7 @@ BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d
 class Job:
     """A ``phalanx run`` of the script, its output read as it comes."""
 
-    def __init__(self, tmp_path: Path, *flags: str) -> None:
+    def __init__(self, tmp_path: Path, *flags: str, strategy: str = "ddp_ft") -> None:
         (tmp_path / "train.py").write_text(SCRIPT)
         self.out = tmp_path / "out"
         self.out.mkdir()
@@ -110,7 +112,7 @@ class Job:
         self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu",
+            [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
              *flags, "train.py", str(self.out)],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
@@ -205,9 +207,15 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, devices):
-    job = Job(tmp_path, "--devices", str(devices), "--replica-groups", "3", "--max-restarts", "1")
+@pytest.mark.parametrize(
+    ("strategy", "devices"),
+    [("ddp_ft", 1), ("ddp_ft", 2), ("hsdp_ft", 2)],
+    ids=["ddp_ft-1", "ddp_ft-2", "hsdp_ft-2"],
+)
+def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, strategy, devices):
+    job = Job(
+        tmp_path, "--devices", str(devices), "--replica-groups", "3", "--max-restarts", "1", strategy=strategy
+    )
     # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
     victim_file = job.out / "victim"
     job.wait_for(victim_file.exists, "group 1 at step 10")
@@ -300,6 +308,10 @@ def test_the_replica_groups_options_are_checked():
         MisconfigurationError, match=r"static_graph=True lets DDP reorder its gradient buckets"
     ):
         phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)
+    with pytest.raises(MisconfigurationError, match=r"strategy 'hsdp_ft': quorum_timeout=-2; expected"):
+        phalanx.resolve("hsdp_ft", accelerator="cpu", quorum_timeout=-2)
+    with pytest.raises(MisconfigurationError, match=r"state_dict_type='both'"):  # fsdp's own options
+        phalanx.resolve("hsdp_ft", accelerator="cpu", state_dict_type="both")
 
 
 def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
@@ -326,7 +338,7 @@ def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
 
 CHECKPOINTED = textwrap.dedent(
     """
-    import os, sys
+    import functools, os, sys
     from pathlib import Path
     import torch
     import phalanx
@@ -337,10 +349,11 @@ CHECKPOINTED = textwrap.dedent(
     strategy.launch()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.1))
     checkpoints = CheckpointDirectory(out / "ckpt")
     first = strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
-    print(f"RESUMED group={strategy.replica_group} at={first} step={strategy.current_step}", flush=True)
+    if strategy.global_rank == 0:
+        print(f"RESUMED group={strategy.replica_group} at={first} step={strategy.current_step}", flush=True)
     while strategy.current_step < until:
         optimizer.zero_grad()
         strategy.backward(model(torch.ones(2, 4)).sum())
@@ -353,7 +366,10 @@ CHECKPOINTED = textwrap.dedent(
 )
 
 
-def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_all(tmp_path):
+@pytest.mark.parametrize(("strategy", "devices"), [("ddp_ft", 1), ("hsdp_ft", 2)], ids=["ddp_ft", "hsdp_ft"])
+def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_all(
+    tmp_path, strategy, devices
+):
     import torch
 
     (tmp_path / "train.py").write_text(CHECKPOINTED)
@@ -362,8 +378,8 @@ def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_
 
     def run(until: int) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu",
-             "--devices", "1", "--replica-groups", "2", "train.py", str(out), str(until)],
+            [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
+             "--devices", str(devices), "--replica-groups", "2", "train.py", str(out), str(until)],
             cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
@@ -373,8 +389,9 @@ def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_
     assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", first) == [("0", "0")] * 2
     writers = re.findall(r"WROTE group=(\d) step=(\d+)", first)
     assert sorted(step for _, step in writers) == ["3", "6"], first  # one writer per save
-    saved = torch.load(out / "ckpt" / CheckpointDirectory(out / "ckpt").path(6).name, weights_only=True)
-    assert saved["torchft"]["step"] == 6 + 1  # TorchFT's count has the step that made the groups alike
+    if strategy == "ddp_ft":  # one file (hsdp_ft's is a sharded directory, read back below)
+        saved = torch.load(out / "ckpt" / CheckpointDirectory(out / "ckpt").path(6).name, weights_only=True)
+        assert saved["torchft"]["step"] == 6 + 1  # TorchFT's count has the step that made the groups alike
 
     again = run(9)
     # Both groups start at the saved step: TorchFT's step came back with it.

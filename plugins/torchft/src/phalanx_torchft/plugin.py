@@ -48,5 +48,22 @@ def phalanx_strategies() -> list[StrategySpec]:
                 "torch": "gradients: DDP's buckets within the replica group through the torch "
                 "collective's c10d group, then across groups through TorchFT's managed gloo group",
             },
-        )
+        ),
+        StrategySpec(
+            name="hsdp_ft",
+            target=f"{_PKG}.hsdp:HSDPFTStrategy",
+            summary="FSDP within each TorchFT replica group, fault tolerant across groups: a lost "
+            "group drops out at the next step, the others go on, and it heals from a peer when it is back",
+            launcher="replica_groups",
+            collective="torch",
+            parallel=True,
+            priority=-41,
+            needs=_NEEDS,
+            install=INSTALL,
+            traffic={
+                "torch": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
+                "replica group through the torch collective's c10d group; each gradient shard then "
+                "averaged across groups through TorchFT's managed gloo group",
+            },
+        ),
     ]

@@ -1,4 +1,5 @@
-"""``ddp_ft``: DDP across TorchFT replica groups."""
+"""``ddp_ft`` (DDP across TorchFT replica groups) and what every strategy
+of this plugin shares (:class:`FaultTolerant`)."""
 
 from __future__ import annotations
 
@@ -18,23 +19,23 @@ from phalanx_torch.strategies import DDPStrategy
 from ._loader import QuorumLoader
 from ._variables import LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
 
-__all__ = ["DDPFTStrategy"]
+__all__ = ["DDPFTStrategy", "FaultTolerant"]
 
 
-class DDPFTStrategy(DDPStrategy):
-    """Data parallel across *replica groups* that come and go while the job
-    trains, on TorchFT (``torchft``): a group that is lost is dropped at the
-    next step and the others train on without a restart; a group that comes
-    back copies the state from a healthy peer (no checkpoint is read) and
-    joins at the step after.
+class FaultTolerant:
+    """What ``ddp_ft`` and ``hsdp_ft`` share, on TorchFT (``torchft``):
+    replica groups that come and go while the job trains. A group that is
+    lost is dropped at the next step and the others train on without a
+    restart; a group that comes back copies the state from a healthy peer
+    (no checkpoint is read) and joins at the step after.
 
-    A replica group is ``devices`` ranks (``--devices``) that hold the same
-    model; ``phalanx run --strategy ddp_ft --replica-groups N`` (launcher
-    ``replica_groups``) starts N of them and TorchFT's lighthouse, and
-    restarts a group that fails. Within a group the ranks are an ordinary
-    DDP job over the torch collective; across groups each step's gradients
-    are averaged over the groups in that step's quorum, through TorchFT's
-    ``Manager``.
+    A replica group is ``devices`` ranks (``--devices``) that hold one copy
+    of the model; ``phalanx run --strategy ddp_ft --replica-groups N``
+    (launcher ``replica_groups``) starts N of them and TorchFT's
+    lighthouse, and restarts a group that fails. Within a group the ranks
+    are an ordinary job of the strategy it is mixed into (DDP, FSDP) over
+    the torch collective; across groups each step's gradients are averaged
+    over the groups in that step's quorum, through TorchFT's ``Manager``.
 
     The training loop is every strategy's: ``setup``, ``backward``,
     ``optimizer_step``. Each step is agreed on: the optimizer steps only
@@ -45,7 +46,7 @@ class DDPFTStrategy(DDPStrategy):
     ``backward``) asks the lighthouse for the next step's quorum.
 
     Options (keywords of :func:`phalanx.resolve`, ``-o NAME=VALUE``), with
-    DDP's own (``find_unused_parameters``, ...):
+    the inner strategy's own:
 
     - ``replica_timeout``: seconds a collective across groups, a commit, or a
       healing transfer may take (default 10); also how long a survivor can
@@ -56,7 +57,8 @@ class DDPFTStrategy(DDPStrategy):
       this long.
     """
 
-    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+    #: The strategy's name, for messages.
+    name: ClassVar[str] = "ddp_ft"
 
     def __init__(
         self,
@@ -65,26 +67,11 @@ class DDPFTStrategy(DDPStrategy):
         quorum_timeout: float = 60.0,
         **options: Any,
     ) -> None:
-        if options.get("static_graph"):
-            raise MisconfigurationError(
-                "strategy 'ddp_ft': static_graph=True lets DDP reorder its gradient buckets after the "
-                "first step, and a group that heals starts with the first order while its peers have "
-                "the second: their all-reduce would add up other parameters' gradients. Leave "
-                "static_graph out"
-            )
         super().__init__(**options)
-        # DDP reorders its buckets after the first step unless it looks for
-        # unused parameters (the public way to keep the order; TorchFT's own
-        # DDP does the same): a healed group's first step would otherwise
-        # lay its buckets out unlike its peers', and the sum it gets back
-        # would land on other parameters (seen: same gradient norms, other
-        # weights). The cost: a walk of the autograd graph each backward,
-        # and DDP's C++ warning, once per rank, that no parameter was unused.
-        self._ddp_kwargs["find_unused_parameters"] = True
         for name, value in (("replica_timeout", replica_timeout), ("quorum_timeout", quorum_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise MisconfigurationError(
-                    f"strategy 'ddp_ft': {name}={value!r}; expected a number of seconds above 0"
+                    f"strategy {self.name!r}: {name}={value!r}; expected a number of seconds above 0"
                 )
         self.replica_timeout = float(replica_timeout)
         self.quorum_timeout = float(quorum_timeout)
@@ -115,7 +102,7 @@ class DDPFTStrategy(DDPStrategy):
         for what phalanx does not wrap."""
         if self._manager is None:
             raise MisconfigurationError(
-                "strategy 'ddp_ft': strategy.manager is made by strategy.launch(); call it first"
+                f"strategy {self.name!r}: strategy.manager is made by strategy.launch(); call it first"
             )
         return self._manager
 
@@ -159,11 +146,11 @@ class DDPFTStrategy(DDPStrategy):
         from torchft import Manager, ProcessGroupGloo
         from torchft.checkpointing.pg_transport import PGTransport
 
-        group, _ = replica_group_of_this_process("strategy 'ddp_ft'")
+        group, _ = replica_group_of_this_process(f"strategy {self.name!r}")
         lighthouse = os.environ.get(LIGHTHOUSE_VAR)
         if not lighthouse:
             raise MisconfigurationError(
-                f"strategy 'ddp_ft': no lighthouse ({LIGHTHOUSE_VAR} is not set); start the job "
+                f"strategy {self.name!r}: no lighthouse ({LIGHTHOUSE_VAR} is not set); start the job "
                 "with phalanx run --strategy ddp_ft --replica-groups N, which starts one, or set "
                 f"{LIGHTHOUSE_VAR} to a running lighthouse's URL"
             )
@@ -197,11 +184,6 @@ class DDPFTStrategy(DDPStrategy):
             init_sync=False,  # the groups are made alike in a step of their own: _start_alike
         )
 
-    def setup_module(self, module: Any) -> Any:
-        ddp = super().setup_module(module)
-        ddp.register_comm_hook(self, _average_over_groups)
-        return ddp
-
     def setup(self, module: Any, *optimizers: Any) -> Any:
         ready = super().setup(module, *optimizers)
         made = ready[1:] if isinstance(ready, tuple) else ()
@@ -222,12 +204,17 @@ class DDPFTStrategy(DDPStrategy):
             # so the optimizer, waits for the quorum. (TorchFT's HTTP
             # transport served these tensors later, when a healing peer
             # asked: after this group may have stepped them.)
-            return {"module": module.state_dict(), "optimizers": [o.state_dict() for o in inner]}
+            # Sharded tensors (FSDP's DTensors) go as this rank's shards:
+            # rank r of every group holds shard r.
+            return {
+                "module": _shards(module.state_dict()),
+                "optimizers": [_shards(o.state_dict()) for o in inner],
+            }
 
         def load_state_dict(state: dict[str, Any]) -> None:
-            module.load_state_dict(state["module"])
+            module.load_state_dict(_module_state_like(state["module"], module.state_dict()))
             for optimizer, saved in zip(inner, state["optimizers"], strict=True):
-                optimizer.load_state_dict(saved)
+                optimizer.load_state_dict(_optimizer_state_like(saved, optimizer))
 
         self.manager.register_state_dict_fn(f"phalanx_{self._registered}", load_state_dict, state_dict)
         self._registered += 1
@@ -303,19 +290,22 @@ class DDPFTStrategy(DDPStrategy):
 
     # -- checkpoints -------------------------------------------------------------
 
-    @property
-    def is_global_zero(self) -> bool:
-        """Rank 0 of the group that leads the step's quorum (TorchFT's
-        participating rank 0; group 0 before the first quorum): the one
-        process of the job that writes a checkpoint and prints with
-        :meth:`print`."""
-        if self.global_rank != 0:
-            return False
+    def _leads(self) -> bool:
+        """Whether this group leads the step's quorum (TorchFT's
+        participating rank 0; group 0 before the first quorum): the group
+        that writes checkpoints."""
         manager = self._manager
         leader = manager.participating_rank() if manager is not None else None
         if leader is None and (manager is None or manager.current_step() == 0):
             return self.replica_group == 0
-        return leader == 0
+        return bool(leader == 0)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Rank 0 of the group that leads the step's quorum: the one
+        process of the job that writes a checkpoint and prints with
+        :meth:`print`."""
+        return self.global_rank == 0 and self._leads()
 
     def save_checkpoint(
         self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
@@ -402,6 +392,39 @@ class DDPFTStrategy(DDPStrategy):
         super().teardown()
 
 
+class DDPFTStrategy(FaultTolerant, DDPStrategy):
+    """Data parallel across replica groups (:class:`FaultTolerant`): DDP
+    within a group, its buckets averaged across the step's groups by DDP's
+    comm hook. Options: :class:`FaultTolerant`'s and DDP's
+    (``find_unused_parameters`` is always on, ``static_graph`` refused:
+    see ``__init__``)."""
+
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+
+    def __init__(self, **options: Any) -> None:
+        if options.get("static_graph"):
+            raise MisconfigurationError(
+                "strategy 'ddp_ft': static_graph=True lets DDP reorder its gradient buckets after the "
+                "first step, and a group that heals starts with the first order while its peers have "
+                "the second: their all-reduce would add up other parameters' gradients. Leave "
+                "static_graph out"
+            )
+        super().__init__(**options)
+        # DDP reorders its buckets after the first step unless it looks for
+        # unused parameters (the public way to keep the order; TorchFT's own
+        # DDP does the same): a healed group's first step would otherwise
+        # lay its buckets out unlike its peers', and the sum it gets back
+        # would land on other parameters (seen: same gradient norms, other
+        # weights). The cost: a walk of the autograd graph each backward,
+        # and DDP's C++ warning, once per rank, that no parameter was unused.
+        self._ddp_kwargs["find_unused_parameters"] = True
+
+    def setup_module(self, module: Any) -> Any:
+        ddp = super().setup_module(module)
+        ddp.register_comm_hook(self, _average_over_groups)
+        return ddp
+
+
 def _quieten_torchft() -> None:
     """TorchFT's own lines that say nothing to a ``ddp_ft`` user: the NCCL
     flight recorder it cannot reset (the groups talk over gloo, which has
@@ -425,6 +448,49 @@ def _quieten_torchft() -> None:
         return True
 
     logging.getLogger("torchft.manager").addFilter(keep)
+
+
+def _shards(state: Any) -> Any:
+    """``state`` with each DTensor in it replaced by this rank's shard
+    (dicts, lists, tuples)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return state.to_local()
+    if isinstance(state, dict):
+        return {key: _shards(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_shards(value) for value in state)
+    return state
+
+
+def _as_shard_of(local: Any, like: Any) -> Any:
+    """``local`` as the shard of a DTensor laid out as ``like``, if ``like``
+    is one; else ``local``."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(like, DTensor) or not isinstance(local, torch.Tensor) or local.dim() == 0:
+        return local
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, shape=like.shape, stride=like.stride()
+    )
+
+
+def _module_state_like(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """A module state of shards (:func:`_shards`) as the module's own
+    state holds them."""
+    return {key: _as_shard_of(value, current.get(key)) for key, value in saved.items()}
+
+
+def _optimizer_state_like(saved: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+    """An optimizer state of shards as the optimizer would hold them: each
+    parameter's state tensors (``exp_avg``, ...) laid out as the parameter."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {
+        index: {name: _as_shard_of(value, parameters[int(index)]) for name, value in values.items()}
+        for index, values in saved["state"].items()
+    }
+    return {**saved, "state": state}
 
 
 def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
