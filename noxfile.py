@@ -91,6 +91,8 @@ def session(function: Callable[..., None]) -> Callable[..., None]:
             if (real_home / relative).is_dir():
                 shutil.copytree(real_home / relative, home / relative)
         session.env.update(HOME=str(home), TMPDIR=str(tmp), PIP_CACHE_DIR=cache)
+        # Every session's slowest tests in its log: where CI's time goes.
+        session.env.setdefault("PYTEST_ADDOPTS", "--durations=15")
         session.log(f"HOME={home} TMPDIR={tmp} (fresh; removed after the session)")
         try:
             function(session, **parameters)

@@ -85,7 +85,7 @@ SCRIPT = textwrap.dedent(
               f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
     whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     torch.save(
-        {"weights": whole, "loads": loads},
+        {"weights": whole, "loads": loads, "restarts": strategy.restart_count},
         out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
     )
     print(f"DONE {where}", flush=True)
@@ -262,6 +262,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, st
     # and the one that did not commit copies the step from the one that
     # did (seen at step 63, 5 steps after the restarted group came back).
     assert len(ends[1]["loads"]) == 1
+    assert [ends[group]["restarts"] for group in (0, 1, 2)] == [0, 1, 0]  # strategy.restart_count
     assert ends[1]["loads"][0] >= 10
     for group in (0, 2):
         assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]
@@ -293,6 +294,36 @@ def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finis
     assert code == 128 + signal.SIGKILL, output
     assert "replica group 0 failed 1 time(s), more than max_restarts=0" in output
     assert sorted(job.ends()) == [1]  # group 1 trained to the end alone
+
+
+def processes_of(job: Job) -> list[int]:
+    """Every process whose command names the job's output folder: the
+    groups' launching processes and their ranks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if str(job.out).encode() in command:
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_lighthouses_process_killed_takes_every_group_with_it(tmp_path):
+    # On one host the lighthouse lives in phalanx run's own process: losing
+    # it is losing the job, and nothing of it may stay behind.
+    job = Job(tmp_path, "--devices", "2", "--replica-groups", "2")
+    job.wait_for(lambda: any(s[3] >= 3 for s in job.steps), "step 3")
+    running = processes_of(job)
+    assert len(running) >= 2 * (1 + 2), running  # each group's launching process and its two ranks
+    job.process.kill()
+    job.process.wait(10)
+    deadline = time.monotonic() + 60
+    while processes_of(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(job) == [], "processes of the job outlived phalanx run"
 
 
 def test_the_replica_groups_options_are_checked():

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import IO, Any, ClassVar
 
 from phalanx_core import MisconfigurationError
-from phalanx_core.launching import STOP_GRACE, stop_processes
+from phalanx_core.launching import RESTART_COUNT_VAR, STOP_GRACE, stop_processes
 from phalanx_torch.launchers import SubprocessLauncher
 
 from ._variables import LIGHTHOUSE_VAR, MIN_REPLICAS_VAR, REPLICA_GROUP_VAR, REPLICA_GROUPS_VAR
@@ -261,6 +261,8 @@ class _Group:
             REPLICA_GROUPS_VAR: str(launcher.replica_groups),
             LIGHTHOUSE_VAR: str(launcher.lighthouse),
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
+            # strategy.restart_count in the group's ranks: this group's restarts.
+            RESTART_COUNT_VAR: str(self.restarts),
         }
         settings = [
             str(launcher.num_processes),
