@@ -1,5 +1,6 @@
-"""The workload of ``bench/ddp_ft.py``: a small model, a padded step, one
-line per step. Under ``ddp_ft`` the step is TorchFT's (``current_step``,
+"""The workload of ``bench/ddp_ft.py``: a small model, its batches from
+``setup_dataloader`` (under ``ddp_ft``, dealt over each step's quorum), a
+padded step, one line per step. Under ``ddp_ft`` the step is TorchFT's (``current_step``,
 committed or not); under any other strategy it counts itself and saves a
 checkpoint every ``EVERY`` steps, from which a restarted job resumes.
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import phalanx
 from phalanx_core import CheckpointDirectory
@@ -25,13 +27,19 @@ ft = hasattr(strategy, "replica_group")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
+samples = TensorDataset(torch.randn(32 * 1000, 64, generator=torch.Generator().manual_seed(0)))
+loader = strategy.setup_dataloader(DataLoader(samples, batch_size=32, shuffle=True))
+batches = iter(loader)
 checkpoints = CheckpointDirectory(out / "ckpt", keep=2)
 step = 0 if ft else strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
 who = f"group={strategy.replica_group}" if ft else f"group={strategy.global_rank}"
 while step < steps:
     optimizer.zero_grad()
-    data = torch.Generator().manual_seed(step)
-    x = torch.randn(32, 64, generator=data)
+    try:
+        (x,) = next(batches)
+    except StopIteration:
+        batches = iter(loader)
+        (x,) = next(batches)
     loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
     time.sleep(pad)
     strategy.backward(loss)

@@ -33,6 +33,8 @@ SCRIPT = textwrap.dedent(
 
     out = Path(sys.argv[1])
     stop = None  # the step every group stops at, once the test writes it
+    # The step at which group 1's rank 0 stops, its batch in hand, to be killed.
+    park = int((out / "park-at").read_text()) if (out / "park-at").exists() else None
     strategy = phalanx.resolve()
     strategy.launch()
     torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
@@ -71,7 +73,8 @@ SCRIPT = textwrap.dedent(
         print(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}",
               flush=True)
         victim = out / "victim"
-        if strategy.replica_group == 1 and strategy.global_rank == 0 and step >= 10 and not victim.exists():
+        if park is not None and strategy.replica_group == 1 and strategy.global_rank == 0 and step >= park \
+                and not victim.exists():
             (out / "victim.tmp").write_text(str(os.getpid()))
             (out / "victim.tmp").rename(victim)
             time.sleep(120)  # the test kills this process here, its batch in hand
@@ -102,10 +105,14 @@ BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d
 class Job:
     """A ``phalanx run`` of the script, its output read as it comes."""
 
-    def __init__(self, tmp_path: Path, *flags: str, strategy: str = "ddp_ft") -> None:
+    def __init__(
+        self, tmp_path: Path, *flags: str, strategy: str = "ddp_ft", park_at: int | None = None
+    ) -> None:
         (tmp_path / "train.py").write_text(SCRIPT)
         self.out = tmp_path / "out"
         self.out.mkdir()
+        if park_at is not None:
+            (self.out / "park-at").write_text(str(park_at))
         self.lines: list[str] = []
         self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
         self.participated: dict[int, list[bool]] = {}  # by pid: each step's
@@ -214,7 +221,15 @@ def alive(pid: int) -> bool:
 )
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, strategy, devices):
     job = Job(
-        tmp_path, "--devices", str(devices), "--replica-groups", "3", "--max-restarts", "1", strategy=strategy
+        tmp_path,
+        "--devices",
+        str(devices),
+        "--replica-groups",
+        "3",
+        "--max-restarts",
+        "1",
+        strategy=strategy,
+        park_at=10,
     )
     # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
     victim_file = job.out / "victim"

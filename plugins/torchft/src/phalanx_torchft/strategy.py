@@ -79,6 +79,7 @@ class FaultTolerant:
         self._step_open = False  # a quorum was asked for and the step not yet committed
         self._verdict: bool | None = None  # should_commit()'s answer for the step
         self._registered = 0
+        self._setups = 0  # setup() calls: each makes the groups alike in a step of its own
         self._loaders: list[QuorumLoader] = []
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
@@ -123,9 +124,10 @@ class FaultTolerant:
     def current_step(self) -> int:
         """The job's count of committed training steps, the same on every
         group (a healed group takes its peers'). TorchFT's own count
-        (``manager.current_step()``, saved in checkpoints) is one more: the
-        job's first step makes the groups alike (``setup``)."""
-        return max(int(self.manager.current_step()) - 1, 0)
+        (``manager.current_step()``, saved in checkpoints) is one more for
+        each ``setup`` call, whose step makes the groups alike (every group
+        runs the script's setups, a group that joins late too)."""
+        return max(int(self.manager.current_step()) - self._setups, 0)
 
     # -- setting up ------------------------------------------------------------
 
@@ -222,7 +224,7 @@ class FaultTolerant:
 
     def _start_alike(self, module: Any) -> None:
         """Give every group the module state of one, in a step of its own
-        (the job's first: TorchFT's step 1): the groups may have
+        (one of TorchFT's count, not of :attr:`current_step`): the groups may have
         initialised their modules unlike (each is seeded its own way), and
         from here on they must be alike. The group that leads the quorum
         (participating rank 0) sends, rank by rank (rank r of each group
@@ -236,10 +238,10 @@ class FaultTolerant:
         that one's state in the first training step; but it picks the group
         to copy from for each rank apart, so the ranks of a group of two
         went on from two different models, seen here.)"""
-        import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         manager = self.manager
+        self._setups += 1
         while True:
             self._open_step()
             manager.wait_quorum()
