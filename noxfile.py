@@ -139,7 +139,9 @@ def tests(session: nox.Session) -> None:
     """pytest over every package's tests and the cross-package tests/."""
     install_packages(session)
     session.install("pytest>=8", "hypothesis>=6.100", *XDIST)
-    session.run("pytest", *PARALLEL, *(session.posargs or TEST_PATHS))
+    # The exit loops' stress belongs in a loop of its own (PHALANX_EXIT_LOOPS=100):
+    # in every CI run, three of each.
+    session.run("pytest", *PARALLEL, *(session.posargs or TEST_PATHS), env={"PHALANX_EXIT_LOOPS": "3"})
 
 
 @session
@@ -289,13 +291,16 @@ def xla(session: nox.Session) -> None:
 @session
 def torchft(session: nox.Session) -> None:
     """phalanx-torchft on TorchFT 0.2 from PyPI (a 2.4 MB wheel with its Rust
-    lighthouse; torch>=2.7, so the pinned torch stays): strategy ddp_ft and
-    launcher replica_groups on this host, replica groups of gloo ranks, one
+    lighthouse; torch>=2.7, so the pinned torch stays): strategies ddp_ft and
+    hsdp_ft and launcher replica_groups, replica groups of gloo ranks, one
     killed with SIGKILL while the job trains, the others going on, the
-    killed one healing from a peer."""
+    killed one healing from a peer; then on three hosts made of network
+    namespaces (root and iproute2, as ``multihost``): a host killed whole,
+    one cut off the network, the lighthouse's host lost."""
+    apt_install(session, "iproute2")
     install_packages(session)
     session.install("torchft>=0.2,<0.3", "pytest>=8")
-    session.run("pytest", "plugins/torchft/tests", *session.posargs)
+    session.run("pytest", "plugins/torchft/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "torchft"})
 
 
 #: The oldest and the newest torch of the range phalanx supports

@@ -6,7 +6,7 @@ The loops repeat the README's main job and the ``ddp_spawn`` example,
 whose ranks used to die by SIGABRT after their work was done (gloo's
 threads during the interpreter's finalization; see
 ``phalanx_core.launching.exit_process``). ``PHALANX_EXIT_LOOPS`` sets how
-many runs each loop makes (CI: the default, 8; 100 to measure).
+many runs each loop makes (default 8; CI's ``tests`` session: 3; 100 to measure).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Where a job of the ``subprocess`` launcher listens when its nodes are on
 different hosts: node 0's agent (the rendezvous store) and every rank's
 gloo listen on their host's address on the bridge, the one that reaches
-node 0, never on every interface or on loopback.
+node 0, never on every interface or on loopback; a one-node job given
+``listen_on`` listens there.
 """
 
 from __future__ import annotations
@@ -33,3 +34,21 @@ def test_each_node_listens_on_the_address_that_reaches_node_0(bed, run_nodes, py
             if node == 0:  # the agent hosts the store
                 assert main in result["launcher"], result
             assert not set(result["launcher"]) - {address}, result  # nothing on * or loopback
+
+
+def test_one_node_listens_on_the_address_it_is_given(bed, run_nodes, python):
+    # listen_on: a one-node job other hosts can reach (each replica group of
+    # ddp_ft on several hosts is one), on that address only.
+    address = bed.hosts[1].address
+    [run] = run_nodes(
+        bed.hosts[1:],
+        [[python, "launch_job.py", "world_listening", "--processes", "2", "--listen-on", address]],
+        cwd=SCRIPTS,
+    )
+    assert run.returncode == 0, run.describe()
+    line = next(x for x in run.stdout.splitlines() if x.startswith("PHALANX-RESULT "))
+    [results] = json.loads(line.removeprefix("PHALANX-RESULT "))
+    assert len(results) == 2, results
+    for result in results:
+        assert set(result["rank"]) == {address}, result  # gloo
+        assert set(result["launcher"]) == {address}, result  # the store, on nothing else

@@ -647,6 +647,10 @@ def test_subprocess_options_are_checked(monkeypatch):
         SubprocessLauncher(max_restarts=-1)
     monkeypatch.setenv("NODE_RANK", "2")
     assert SubprocessLauncher(environment=LocalEnvironment(), num_nodes=3).node_rank == 2
+    with pytest.raises(MisconfigurationError, match=r"listen_on='192.0.2.7' is not an address of this host"):
+        SubprocessLauncher(listen_on="192.0.2.7")  # TEST-NET-1: no host has it
+    with pytest.raises(MisconfigurationError, match=r"listen_on='127.0.0.2' with num_nodes=2: on several"):
+        SubprocessLauncher(num_nodes=2, node_rank=0, listen_on="127.0.0.2")
 
 
 FORK_AFTER_PARALLEL_WORK = """

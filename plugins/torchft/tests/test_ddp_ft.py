@@ -3,7 +3,6 @@ this host, a rank killed with SIGKILL while the job trains."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import re
@@ -11,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -19,191 +17,11 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
+from ft_job import Job
+from phalanx_torchft.launcher import ReplicaGroupsLauncher
+
 import phalanx
 from phalanx_core import CheckpointDirectory, MisconfigurationError
-
-SCRIPT = textwrap.dedent(
-    """
-    import functools, os, sys, time
-    from pathlib import Path
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, Dataset
-    import phalanx
-
-    out = Path(sys.argv[1])
-    stop = None  # the step every group stops at, once the test writes it
-    # The step at which group 1's rank 0 stops, its batch in hand, to be killed.
-    park = int((out / "park-at").read_text()) if (out / "park-at").exists() else None
-    strategy = phalanx.resolve()
-    strategy.launch()
-    torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
-    loads = []
-
-    class Model(nn.Sequential):
-        def load_state_dict(self, state, *args, **kwargs):
-            loads.append(strategy.current_step)
-            return super().load_state_dict(state, *args, **kwargs)
-
-    class Samples(Dataset):
-        def __len__(self):
-            return 120
-
-        def __getitem__(self, i):
-            return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
-
-    model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.05))
-    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
-    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # hsdp_ft: this rank's shard
-    batches = iter(loader)
-    where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
-    while True:
-        if stop is None and (out / "stop").exists():
-            stop = int((out / "stop").read_text())
-        if stop is not None and strategy.current_step >= stop:
-            break
-        step = strategy.current_step
-        optimizer.zero_grad()
-        try:
-            ids, x = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            ids, x = next(batches)
-        print(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}",
-              flush=True)
-        victim = out / "victim"
-        if park is not None and strategy.replica_group == 1 and strategy.global_rank == 0 and step >= park \
-                and not victim.exists():
-            (out / "victim.tmp").write_text(str(os.getpid()))
-            (out / "victim.tmp").rename(victim)
-            time.sleep(120)  # the test kills this process here, its batch in hand
-        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-        time.sleep(0.1)
-        strategy.backward(loss)
-        strategy.optimizer_step(optimizer)
-        print(f"STEP {where} step={step} committed={strategy.committed} "
-              f"participants={strategy.participants} participating={strategy.participating} "
-              f"t={time.monotonic():.3f} "
-              f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}", flush=True)
-    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
-    torch.save(
-        {"weights": whole, "loads": loads, "restarts": strategy.restart_count},
-        out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
-    )
-    print(f"DONE {where}", flush=True)
-    """
-)
-
-LINE = re.compile(
-    r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) "
-    r"participating=(\w+) t=([\d.]+)"
-)
-BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
-
-
-class Job:
-    """A ``phalanx run`` of the script, its output read as it comes."""
-
-    def __init__(
-        self, tmp_path: Path, *flags: str, strategy: str = "ddp_ft", park_at: int | None = None
-    ) -> None:
-        (tmp_path / "train.py").write_text(SCRIPT)
-        self.out = tmp_path / "out"
-        self.out.mkdir()
-        if park_at is not None:
-            (self.out / "park-at").write_text(str(park_at))
-        self.lines: list[str] = []
-        self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
-        self.participated: dict[int, list[bool]] = {}  # by pid: each step's
-        self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
-             *flags, "train.py", str(self.out)],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            found = LINE.search(line)
-            if found:
-                g, r, pid, step, committed, participants, participating, t = found.groups()
-                self.steps.append(
-                    (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t))
-                )
-                self.participated.setdefault(int(pid), []).append(participating == "True")
-            batch = BATCH.search(line)
-            if batch:
-                *_, pid, _, epoch, ids = batch.groups()
-                self.batches.setdefault(int(pid), []).append((int(epoch), [int(i) for i in ids.split(",")]))
-
-    def wait_for(self, condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"{what}: not seen; the job's output:\n{''.join(self.lines)}")
-            time.sleep(0.05)
-
-    def stop_after(self, more: int) -> None:
-        """Have every group stop at ``more`` steps after the last one seen
-        (a step no group has reached yet: all of them stop at it)."""
-        step = max(s[3] for s in self.steps) + more
-        (self.out / "stop.tmp").write_text(str(step))
-        (self.out / "stop.tmp").rename(self.out / "stop")
-
-    def finish(self, timeout: float = 180) -> int:
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"the job did not end; its output:\n{''.join(self.lines)}") from None
-        self._reader.join(10)
-        return code
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    def pids(self, group: int) -> list[int]:
-        """The pids of ``group``'s rank 0 in the order they trained."""
-        seen: list[int] = []
-        for g, r, pid, *_ in self.steps:
-            if g == group and r == 0 and pid not in seen:
-                seen.append(pid)
-        return seen
-
-    def trained(self) -> dict[int, collections.Counter[int]]:
-        """By epoch, how many times each sample was in a committed step that
-        its rank took part in (a rank's batches and steps, in order: a
-        killed rank's last batch has no step)."""
-        counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
-        committed_by_pid: dict[int, list[bool]] = collections.defaultdict(list)
-        for _, _, pid, _, committed, *_ in self.steps:
-            committed_by_pid[pid].append(committed)
-        for pid, batches in self.batches.items():
-            verdicts = zip(committed_by_pid[pid], self.participated.get(pid, []), strict=True)
-            for (epoch, ids), (committed, participating) in zip(batches, verdicts, strict=False):
-                if committed and participating:
-                    counts[epoch].update(ids)
-        return counts
-
-    def ends(self) -> dict[int, dict]:
-        import torch
-
-        return {
-            int(path.name.split("-")[0][len("group") :]): torch.load(path)
-            for path in sorted(self.out.glob("group*-rank0-*.pt"))
-        }
 
 
 def alive(pid: int) -> bool:
@@ -358,6 +176,12 @@ def test_the_replica_groups_options_are_checked():
         phalanx.resolve("hsdp_ft", accelerator="cpu", quorum_timeout=-2)
     with pytest.raises(MisconfigurationError, match=r"state_dict_type='both'"):  # fsdp's own options
         phalanx.resolve("hsdp_ft", accelerator="cpu", state_dict_type="both")
+    with pytest.raises(
+        MisconfigurationError, match=r"replica_groups=4 on num_nodes=3 hosts: .* multiple of 3"
+    ):
+        ReplicaGroupsLauncher(num_nodes=3, node_rank=0, replica_groups=4)
+    with pytest.raises(MisconfigurationError, match=r"lighthouse='node0:29510'; give a running TorchFT"):
+        phalanx.resolve("ddp_ft", accelerator="cpu", lighthouse="node0:29510")
 
 
 def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
@@ -372,6 +196,24 @@ def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
     assert said["lighthouse"].startswith("TorchFT's, in phalanx run's own process")
     assert "a heartbeat younger than 0.5 s (heartbeat_timeout)" in said["quorum"]
     assert "at least 2 (min_replicas) and more than half of the heartbeating groups" in said["quorum"]
+    several = [
+        *argv,
+        "--num-nodes",
+        "3",
+        "--node-rank",
+        "1",
+        "--main-address",
+        "10.1.0.1",
+        "--main-port",
+        "29400",
+    ]
+    said = json.loads(
+        subprocess.run([*several, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
+    )["launcher_says"]
+    assert said["groups"].startswith(
+        "3 replica groups of 2 rank(s) each on 3 hosts, groups 1 to 1 on this one"
+    )
+    assert said["lighthouse"].startswith("TorchFT's, in node 0's phalanx run process at 10.1.0.1:29400")
     text = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
     assert [
         line[:12].strip() for line in text.splitlines() if line.startswith(("groups", "lighthouse", "quorum"))

@@ -17,15 +17,13 @@ from phalanx_core import (
     Precision,
     Strategy,
 )
+from phalanx_core.launching import RUN_FLAGS_VAR
 from phalanx_core.specs import Kind
 
 from ._entry import Catalog
 
 __all__ = ["INTERFACES", "RUN_FLAGS_VAR"]
 
-#: The flags ``phalanx run`` was given (JSON), which ``resolve()`` in the
-#: script's ranks takes as its defaults.
-RUN_FLAGS_VAR = "PHALANX_RUN_FLAGS"
 #: Each flag's value when the code does not give it.
 _DEFAULTS: dict[str, Any] = {
     "strategy": "auto",

@@ -380,6 +380,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         _give_option(
             options, "replica_groups", args.replica_groups, f"--replica-groups {args.replica_groups}"
         )
+    if args.lighthouse is not None:
+        _give_option(options, "lighthouse", args.lighthouse, f"--lighthouse {args.lighthouse}")
     if options:
         given["options"] = options
     from phalanx_core.hangs import HANG_REPORT_VAR  # `phalanx run` only: `phalanx list` stays light
@@ -531,6 +533,13 @@ def _parser() -> argparse.ArgumentParser:
         help="N replica groups of --devices ranks each, which a fault-tolerant strategy (ddp_ft, "
         "from phalanx-torchft) trains across: a group that fails is restarted alone while the "
         "others go on (the launcher's replica_groups option; --max-restarts is then per group)",
+    )
+    p.add_argument(
+        "--lighthouse",
+        metavar="URL",
+        help="a running TorchFT lighthouse (http://HOST:PORT) for the replica groups of every host "
+        "to use (the launcher's lighthouse option; default: phalanx run starts one, on node 0 "
+        "on several hosts)",
     )
     p.add_argument(
         "--hang-report",

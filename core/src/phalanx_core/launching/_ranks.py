@@ -39,6 +39,7 @@ __all__ = [
     "PARENT_PID_VAR",
     "RANK_MACHINERY",
     "RESTART_COUNT_VAR",
+    "RUN_FLAGS_VAR",
     "carried_variables",
     "before_threads_join",
     "die_with_parent",
@@ -60,6 +61,24 @@ __all__ = [
 #: to a launch of their own. Every other ``PHALANX_*`` variable is the
 #: user's setting and is carried (:func:`carried_variables`).
 LAUNCH_PRIVATE_PREFIX = "PHALANX_LAUNCH_"
+
+#: The flags ``phalanx run`` was given (JSON), which ``resolve()`` in the
+#: script's ranks takes as its defaults (the registry writes and reads it).
+RUN_FLAGS_VAR = "PHALANX_RUN_FLAGS"
+
+
+def run_flags_changed(**changes: Any) -> dict[str, str]:
+    """``{RUN_FLAGS_VAR: ...}`` for ranks whose job differs from what
+    ``phalanx run`` was given in ``changes`` (the ranks of one replica
+    group are a one-node job in a job of several hosts: ``num_nodes=1``);
+    ``{}`` where this process was not started by ``phalanx run``."""
+    import json
+
+    raw = os.environ.get(RUN_FLAGS_VAR)
+    if not raw:
+        return {}
+    return {RUN_FLAGS_VAR: json.dumps({**json.loads(raw), **changes})}
+
 
 #: The pid of the process that started a rank (set by its launcher): a
 #: rank run by :mod:`phalanx_core.launching.rank_program` dies with it.

@@ -203,6 +203,10 @@ class TestBed:
         :meth:`kill_all`, for a host that never comes back."""
         _ip("-n", self.switch, "link", "set", f"port{self.hosts.index(host)}", "down")
 
+    def reconnect(self, host: Host) -> None:
+        """Put a host that :meth:`cut` took off the network back on it."""
+        _ip("-n", self.switch, "link", "set", f"port{self.hosts.index(host)}", "up")
+
     def kill_all(self, host: Host) -> int:
         """SIGKILL every process of ``host`` at once, as a lost machine
         would end them; return how many there were."""

@@ -115,12 +115,19 @@ class SubprocessLauncher(Launcher):
             below ``num_nodes``).
         monitor_interval: seconds between elastic's checks of the ranks.
         rendezvous_timeout: seconds to wait for every node to join.
+        listen_on: one node only: the address of this host its store and
+            its ranks' gloo listen on (default ``127.0.0.1``: nothing of
+            the job is reachable from another host). Another address of
+            this host makes them reachable over its interface, which a
+            job whose ranks other hosts must reach needs: each replica
+            group of ``ddp_ft`` on several hosts (phalanx-torchft), whose
+            groups meet in one group's store.
 
     One node (like ``torchrun --standalone``): a rendezvous of
     :mod:`._elastic_rendezvous` that gives every round, the first and each
-    restart, a new TCPStore listening on ``127.0.0.1`` only, on a port the
-    kernel gives; the agent keeps it and the ranks join it as clients, and
-    their gloo listens on ``127.0.0.1`` too. Several nodes: start the same
+    restart, a new TCPStore listening on ``127.0.0.1`` (or ``listen_on``)
+    only, on a port the kernel gives; the agent keeps it and the ranks join
+    it as clients, and their gloo listens there too. Several nodes: start the same
     script on every node with its ``NODE_RANK``. Without restarts, MIN:MAX
     or etcd, the nodes meet once at the environment's ``main_address`` /
     ``main_port`` (``MASTER_ADDR`` / ``MASTER_PORT``), on a store node 0
@@ -146,9 +153,12 @@ class SubprocessLauncher(Launcher):
         last_call: float = 3.0,
         monitor_interval: float = 0.1,
         rendezvous_timeout: float = 900.0,
+        listen_on: str = LOOPBACK,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
         check_count("subprocess", "num_processes", num_processes)
+        _check_listen_on(listen_on, num_nodes)
+        self.listen_on = listen_on
         check_count("subprocess", "num_nodes", num_nodes)
         if node_rank is None:
             node_rank = (
@@ -455,9 +465,9 @@ class SubprocessLauncher(Launcher):
             return {
                 "run_id": f"phalanx-{uuid.uuid4().hex}",
                 "rdzv_backend": register_rendezvous(ONE_NODE, create_one_node_rendezvous),
-                "rdzv_configs": {"timeout": timeout},
-                "local_addr": LOOPBACK,
-                "listen": LOOPBACK,
+                "rdzv_configs": {"timeout": timeout, "address": self.listen_on},
+                "local_addr": self.listen_on,
+                "listen": self.listen_on,
             }
         if self.environment is not None:
             address, port = self.environment.main_address, self.environment.main_port
@@ -517,6 +527,25 @@ class SubprocessLauncher(Launcher):
                 )
             values[rank] = pickle.loads(path.read_bytes())
         return values
+
+
+def _check_listen_on(address: Any, num_nodes: int) -> None:
+    """``listen_on`` is an address of this host, given for one node only."""
+    from phalanx_core.network import interface_of
+
+    if address == LOOPBACK:
+        return
+    if num_nodes != 1:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': listen_on={address!r} with num_nodes={num_nodes}: on several "
+            "nodes each node listens on the address that reaches the main address; leave listen_on out"
+        )
+    if not isinstance(address, str) or interface_of(address) is None:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': listen_on={address!r} is not an address of this host's network "
+            "interfaces; give one of them (ip -brief address lists them), or leave listen_on out "
+            "for 127.0.0.1"
+        )
 
 
 def _script_command() -> list[str]:

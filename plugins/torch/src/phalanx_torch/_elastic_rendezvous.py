@@ -85,7 +85,9 @@ def _static_rendezvous_class() -> type:
 
 
 def create_one_node_rendezvous(params: Any) -> Any:
-    return _one_node_rendezvous_class()(params.run_id, int(params.config.get("timeout", 900)))
+    return _one_node_rendezvous_class()(
+        params.run_id, int(params.config.get("timeout", 900)), params.config.get("address", LOOPBACK)
+    )
 
 
 @functools.cache
@@ -107,8 +109,9 @@ def _one_node_rendezvous_class() -> type:
         (torch 2.13's c10d rendezvous keeps one store across restarts, and
         restarted ranks then connect to the dead ranks' addresses)."""
 
-        def __init__(self, run_id: str, timeout: int) -> None:
+        def __init__(self, run_id: str, timeout: int, address: str) -> None:
             self._run_id = run_id
+            self._address = address
             self._timeout = datetime.timedelta(seconds=timeout)
             self._store: Any = None
             self._round = 0
@@ -123,10 +126,10 @@ def _one_node_rendezvous_class() -> type:
 
         def next_rendezvous(self) -> Any:
             self._store = None  # the ranks of the round before are stopped
-            self._store = hosted_store(LOOPBACK, wait_for_workers=False, timeout=self._timeout)
+            self._store = hosted_store(self._address, wait_for_workers=False, timeout=self._timeout)
             self._round += 1
             prefixed = dist.PrefixStore(f"{self._run_id}/{self._round}", self._store)  # type: ignore[attr-defined]
-            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port))
+            return RendezvousInfo(prefixed, 0, 1, RendezvousStoreInfo(self._address, self._store.port))
 
         def is_closed(self) -> bool:
             return self._closed

@@ -1,6 +1,6 @@
 """The script the subprocess launcher re-runs, in test_launchers.py.
 
-``python launch_job.py FN [--arg A ...] [--processes N] [--nodes N]
+``python launch_job.py FN [--arg A ...] [--processes N] [--nodes N] [--listen-on ADDRESS]
 [--max-restarts N] [--launches N] [--launcher subprocess|spawn|fork]``
 launches ``rank_fns.FN(*args)`` with that launcher (default subprocess) on
 the ``local`` environment; ``--strategy NAME``
@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--launcher", default="subprocess", choices=["subprocess", "spawn", "fork"])
     parser.add_argument("--strategy")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--listen-on", default="127.0.0.1")
     options = parser.parse_args()
     fn = getattr(rank_fns, options.fn)
     if options.strategy:
@@ -51,6 +52,7 @@ def main() -> None:
             num_processes=options.processes,
             num_nodes=options.nodes,
             max_restarts=options.max_restarts,
+            listen_on=options.listen_on,
         ).launch
     else:
         launch = MultiprocessingLauncher(

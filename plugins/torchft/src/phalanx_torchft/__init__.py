@@ -15,5 +15,6 @@ Importing this package imports neither torch nor torchft.
 from __future__ import annotations
 
 from ._loader import QuorumLoader
+from .errors import NoQuorumError
 
-__all__ = ["QuorumLoader"]
+__all__ = ["NoQuorumError", "QuorumLoader"]

@@ -1,10 +1,11 @@
 """One replica group of a ``replica_groups`` job: its ranks, run as the
 ``subprocess`` launcher runs a one-node job (torch elastic's agent and a
-store of the group's own, on 127.0.0.1), with no restart of its own: the
-launching process restarts the whole group.
+store of the group's own, on ADDRESS: 127.0.0.1 on one host, the address
+other hosts reach on several), with no restart of its own: the launching
+process restarts the whole group.
 
     python -m phalanx_torchft._group NUM_PROCESSES MONITOR_INTERVAL RENDEZVOUS_TIMEOUT PARENT_PID \\
-        -- COMMAND...
+        ADDRESS -- COMMAND...
 
 Exits 0 when every rank did, else with the first failed rank's status,
 after saying which rank it was.
@@ -20,16 +21,18 @@ from phalanx_core.launching import die_with_parent, exit_process
 
 def main(argv: list[str]) -> int:
     settings, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    processes, monitor_interval, rendezvous_timeout, parent = settings
+    processes, monitor_interval, rendezvous_timeout, parent, address = settings
     die_with_parent(int(parent))
     from phalanx_torch.launchers import SubprocessLauncher
 
     launcher = SubprocessLauncher(
         num_processes=int(processes),
         num_nodes=1,
+        node_rank=0,  # NODE_RANK, where set, is this host's among the job's hosts
         max_restarts=0,
         monitor_interval=float(monitor_interval),
         rendezvous_timeout=float(rendezvous_timeout),
+        listen_on=address,
     )
     try:
         launcher.run_script(command)

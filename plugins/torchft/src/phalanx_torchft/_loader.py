@@ -102,7 +102,7 @@ class QuorumLoader:
             return None
         strategy._open_step()
         manager = strategy.manager
-        participants = max(int(manager.num_participants()), 1)  # waits for the quorum
+        participants = max(strategy.participants, 1)  # waits for the quorum
         mine = manager.participating_rank() or 0
         share = self._share(start, participants, mine * ranks + strategy.global_rank)
         if not share:  # drop_last: fewer samples left than ranks in the step

@@ -1,8 +1,8 @@
 """Launcher ``replica_groups``: TorchFT's lighthouse and N replica groups,
 each restarted on its own. Imports torchft only when it launches.
 
-Layout of a job (``phalanx run --strategy ddp_ft --replica-groups 3
---devices 2 train.py``):
+Layout of a job on one host (``phalanx run --strategy ddp_ft
+--replica-groups 3 --devices 2 train.py``):
 
 * this process hosts TorchFT's lighthouse (``torchft.coordination.
   LighthouseServer``) on ``127.0.0.1`` and a port the kernel gives;
@@ -15,6 +15,15 @@ Layout of a job (``phalanx run --strategy ddp_ft --replica-groups 3
   ``max_restarts`` times for that group; the others are not touched, and go
   on training without it until it is back. The job ends when every group
   has ended; it fails when a group failed more often than it may restart.
+
+On several hosts (``--num-nodes N --node-rank R --main-address A
+--main-port P`` on every host), each host runs ``replica_groups / N``
+whole groups, numbered ``R * (replica_groups / N) + i``; node 0's
+launching process hosts the lighthouse at ``A:P`` (or none does: every
+host is given ``lighthouse=URL`` of one that runs elsewhere). A group's
+store and its ranks' gloo then listen on the address this host reaches the
+lighthouse from, not on ``127.0.0.1``: TorchFT's groups meet in one
+group's store, and heal over gloo, across hosts.
 """
 
 from __future__ import annotations
@@ -27,9 +36,17 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import IO, Any, ClassVar
+from urllib.parse import urlsplit
 
 from phalanx_core import MisconfigurationError
-from phalanx_core.launching import RESTART_COUNT_VAR, STOP_GRACE, stop_processes
+from phalanx_core.launching import (
+    LOOPBACK,
+    RESTART_COUNT_VAR,
+    STOP_GRACE,
+    run_flags_changed,
+    stop_processes,
+)
+from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
 
 from ._variables import LIGHTHOUSE_VAR, MIN_REPLICAS_VAR, REPLICA_GROUP_VAR, REPLICA_GROUPS_VAR
@@ -39,12 +56,13 @@ __all__ = ["ReplicaGroupsLauncher"]
 
 class ReplicaGroupsLauncher(SubprocessLauncher):
     """Starts TorchFT's lighthouse and ``replica_groups`` groups of
-    ``num_processes`` ranks each on this host, and restarts a group that
-    fails without stopping the others (see the module's docstring).
+    ``num_processes`` ranks each, and restarts a group that fails without
+    stopping the others (see the module's docstring).
 
     Options:
-        replica_groups: how many replica groups (default 2;
-            ``phalanx run --replica-groups N``).
+        replica_groups: how many replica groups the job has, on all its
+            hosts (default 2; ``phalanx run --replica-groups N``); on
+            ``num_nodes`` hosts, a multiple of ``num_nodes``.
         max_restarts: how many times *each group* may be started again
             after it failed (default 3; ``--max-restarts``).
         min_replicas: the fewest groups a step may have (default 1): the
@@ -56,10 +74,13 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             of to join a quorum before forming it without them (default 1.0).
         quorum_tick: seconds between the lighthouse's quorum checks
             (default 0.05).
-
-    One host only: on several, each host's groups would need a store other
-    hosts reach, which this launcher does not make yet; it refuses
-    ``num_nodes`` above 1.
+        lighthouse: the URL of a lighthouse that runs elsewhere
+            (``http://HOST:PORT``; ``phalanx run --lighthouse URL``), which
+            the groups use instead of one this launcher starts; the
+            lighthouse's own settings (the four above but
+            ``max_restarts``) are then its own. Default: this launcher
+            starts one, on 127.0.0.1 on one host, on node 0 at the main
+            address and port on several.
     """
 
     is_interactive_compatible: ClassVar[bool] = False
@@ -70,25 +91,22 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         environment: Any = None,
         num_processes: int = 1,
         num_nodes: int = 1,
+        node_rank: int | None = None,
         replica_groups: int = 2,
         max_restarts: int = 3,
         min_replicas: int = 1,
         heartbeat_timeout: float = 1.0,
         join_timeout: float = 1.0,
         quorum_tick: float = 0.05,
+        lighthouse: str | None = None,
         monitor_interval: float = 0.1,
         rendezvous_timeout: float = 900.0,
     ) -> None:
-        if num_nodes != 1:
-            raise MisconfigurationError(
-                f"launcher 'replica_groups' runs its replica groups on one host; num_nodes={num_nodes} "
-                "was asked for. On several hosts, run one job per host is not supported yet: use "
-                "num_nodes=1"
-            )
         super().__init__(
             environment=environment,
             num_processes=num_processes,
-            num_nodes=1,
+            num_nodes=num_nodes,
+            node_rank=node_rank,
             max_restarts=max_restarts,
             monitor_interval=monitor_interval,
             rendezvous_timeout=rendezvous_timeout,
@@ -98,6 +116,12 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 raise MisconfigurationError(
                     f"launcher 'replica_groups': {name}={value!r}; expected an int of at least 1"
                 )
+        if replica_groups % num_nodes:
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': replica_groups={replica_groups} on num_nodes={num_nodes} "
+                "hosts: each host runs the same number of whole groups, so give a multiple of "
+                f"{num_nodes} (--replica-groups {num_nodes * max(1, replica_groups // num_nodes)})"
+            )
         if min_replicas > replica_groups:
             raise MisconfigurationError(
                 f"launcher 'replica_groups': min_replicas={min_replicas} is more than "
@@ -112,33 +136,67 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 raise MisconfigurationError(
                     f"launcher 'replica_groups': {name}={seconds!r}; expected a number of seconds above 0"
                 )
+        if lighthouse is not None:
+            _check_url(lighthouse)
         self.replica_groups = replica_groups
         self.min_replicas = min_replicas
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.join_timeout = float(join_timeout)
         self.quorum_tick = float(quorum_tick)
+        self.lighthouse = lighthouse
         #: The lighthouse's URL while a job runs.
-        self.lighthouse: str | None = None
+        self.lighthouse_url: str | None = None
+        #: The address this host's groups listen on while a job runs.
+        self.group_address = LOOPBACK
+
+    @property
+    def groups_here(self) -> range:
+        """The numbers of the groups this host runs."""
+        count = self.replica_groups // self.num_nodes
+        return range(self.node_rank * count, (self.node_rank + 1) * count)
 
     @classmethod
     def listens(cls, num_nodes: int) -> str | None:
+        if num_nodes == 1:
+            return (
+                "127.0.0.1: the lighthouse, each group's store and its ranks' gloo (healing transfers "
+                "included); every interface ([::]): TorchFT's manager server (each group's rank 0), "
+                "which TorchFT 0.2 binds so with no option to narrow it"
+            )
         return (
-            "127.0.0.1: the lighthouse, each group's store and its ranks' gloo (healing transfers "
-            "included); every interface ([::]): TorchFT's manager server (each group's rank 0), which "
-            "TorchFT 0.2 binds so with no option to narrow it"
+            "node 0: the lighthouse at the main address and port (unless lighthouse=URL is given); "
+            "every node: each group's store and its ranks' gloo (healing transfers included) on the "
+            "address that reaches the lighthouse; every interface ([::]): TorchFT's manager server "
+            "(each group's rank 0), which TorchFT 0.2 binds so with no option to narrow it"
         )
 
     def explain(self) -> dict[str, str]:
+        here = self.groups_here
+        where = (
+            "on this host"
+            if self.num_nodes == 1
+            else f"on {self.num_nodes} hosts, groups {here.start} to {here.stop - 1} on this one"
+        )
+        if self.lighthouse is not None:
+            lighthouse = f"{self.lighthouse} (lighthouse=), run by someone else; its settings are its own"
+        elif self.num_nodes == 1:
+            lighthouse = (
+                "TorchFT's, in phalanx run's own process (127.0.0.1, a port from the kernel); "
+                "if that process is lost, so are the groups"
+            )
+        else:
+            main, port = self._main()
+            lighthouse = (
+                f"TorchFT's, in node 0's phalanx run process at {main}:{port} (the main address and "
+                "port); if node 0's host is lost, every group stops at its next step"
+            )
         return {
             "groups": (
-                f"{self.replica_groups} replica groups of {self.num_processes} rank(s) each on this host, "
+                f"{self.replica_groups} replica groups of {self.num_processes} rank(s) each {where}, "
                 "each a job of its own (store, ranks); a group that fails is started again alone, "
                 f"up to {self.max_restarts} time(s) each, while the others train on"
             ),
-            "lighthouse": (
-                "TorchFT's, in phalanx run's own process (127.0.0.1, a port from the kernel); "
-                "if that process is lost, so are the groups"
-            ),
+            "lighthouse": lighthouse,
             "quorum": (
                 "each step's groups are those that ask for it with a heartbeat younger than "
                 f"{self.heartbeat_timeout:g} s (heartbeat_timeout): at once when every group of the last "
@@ -164,18 +222,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         ``max_restarts``, or ``128 + signal`` when this process was
         stopped by a signal (every group is stopped first)."""
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
-        from torchft.coordination import LighthouseServer
-
-        server = LighthouseServer(
-            bind="127.0.0.1:0",
-            min_replicas=self.min_replicas,
-            join_timeout_ms=round(self.join_timeout * 1000),
-            quorum_tick_ms=max(1, round(self.quorum_tick * 1000)),
-            heartbeat_timeout_ms=round(self.heartbeat_timeout * 1000),
-        )
-        # address() names this host by its hostname; the ranks are here.
-        self.lighthouse = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
-        groups = [_Group(index, self, list(command)) for index in range(self.replica_groups)]
+        server = self._start_lighthouse()
+        groups = [_Group(index, self, list(command)) for index in self.groups_here]
         stopped: list[int] = []
         previous = {
             number: signal.signal(number, lambda n, _f: stopped.append(n))
@@ -192,8 +240,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             stop_processes([g.process for g in groups if g.process is not None], grace=STOP_GRACE)
             for group in groups:
                 group.join_output()
-            server.shutdown()
-            self.lighthouse = None
+            if server is not None:
+                server.shutdown()
+            self.lighthouse_url = None
             for number, handler in previous.items():
                 signal.signal(number, handler)
         if stopped:
@@ -207,20 +256,79 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             )
             raise SystemExit(failed.exit_status)
 
+    def _start_lighthouse(self) -> Any:
+        """Set ``lighthouse_url`` and ``group_address``; start TorchFT's
+        lighthouse where this process hosts it (one host, or node 0 of
+        several, unless ``lighthouse`` was given) and return it, else
+        ``None``."""
+        main, port = self._main()
+        if self.lighthouse is not None:
+            self.lighthouse_url = self.lighthouse
+        elif self.num_nodes > 1:
+            self.lighthouse_url = f"http://{_url_host(main)}:{port}"
+        self.group_address = self._group_address()
+        if self.lighthouse is not None or self.node_rank != 0:
+            return None
+        from torchft.coordination import LighthouseServer
+
+        bind, port = (LOOPBACK, 0) if self.num_nodes == 1 else (self.group_address, port)
+        try:
+            server = LighthouseServer(
+                bind=f"{_url_host(bind)}:{port}",
+                min_replicas=self.min_replicas,
+                join_timeout_ms=round(self.join_timeout * 1000),
+                quorum_tick_ms=max(1, round(self.quorum_tick * 1000)),
+                heartbeat_timeout_ms=round(self.heartbeat_timeout * 1000),
+            )
+        except Exception as exc:  # noqa: BLE001 - the Rust server's bind error (its type is not public)
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': the lighthouse cannot listen on {bind}:{port} "
+                f"({str(exc).strip() or type(exc).__name__}); give a free --main-port"
+            ) from None
+        if self.num_nodes == 1:
+            # address() names this host by its hostname; the ranks are here.
+            self.lighthouse_url = f"http://{LOOPBACK}:{server.address().rsplit(':', 1)[1]}"
+        return server
+
+    def _group_address(self) -> str:
+        """The address this host's groups listen on: ``127.0.0.1`` where
+        every group and the lighthouse are here; else the address this host
+        reaches the lighthouse from, which other hosts reach it at."""
+        if self.lighthouse_url is None:  # one host, the lighthouse not started yet
+            return LOOPBACK
+        host = urlsplit(self.lighthouse_url).hostname or LOOPBACK
+        try:
+            source = route_source(host)
+        except OSError as exc:
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': this host finds no route to the lighthouse at "
+                f"{self.lighthouse_url} ({exc.strerror or exc}); give node 0's address as this host "
+                "reaches it (an IP address works everywhere)"
+            ) from None
+        if is_loopback(source):
+            if self.num_nodes == 1:
+                return LOOPBACK  # one host and a lighthouse on it: no other host takes part
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': the lighthouse's host {host!r} leads to this host's "
+                "loopback, but the other hosts' groups must reach this host's groups (TorchFT's "
+                "groups meet in one group's store): give the main address (or the lighthouse's URL) "
+                "as the address the hosts share, an IP address of this host's network interface"
+            )
+        return source
+
     def _watch(self, groups: list[_Group], stopped: list[int]) -> _Group | None:
         """Restart failed groups until every group has ended; the group
         that failed past its restarts, if one did."""
         given_up: _Group | None = None
-        running = set(range(len(groups)))
+        running = {group.index: group for group in groups}
         while running and not stopped:
             time.sleep(self.monitor_interval)
-            for index in sorted(running):
-                group = groups[index]
+            for index, group in sorted(running.items()):
                 status = group.poll()
                 if status is None:
                     continue
                 if status == 0:
-                    running.discard(index)
+                    del running[index]
                 elif group.restarts < self.max_restarts:
                     group.restarts += 1
                     _say(
@@ -229,7 +337,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                     )
                     group.start()
                 else:
-                    running.discard(index)
+                    del running[index]
                     given_up = given_up or group
                     _say(
                         f"phalanx run: replica group {index} failed ({group.say_status()}) and may not "
@@ -259,16 +367,19 @@ class _Group:
             **os.environ,
             REPLICA_GROUP_VAR: str(self.index),
             REPLICA_GROUPS_VAR: str(launcher.replica_groups),
-            LIGHTHOUSE_VAR: str(launcher.lighthouse),
+            LIGHTHOUSE_VAR: str(launcher.lighthouse_url),
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
             # strategy.restart_count in the group's ranks: this group's restarts.
             RESTART_COUNT_VAR: str(self.restarts),
+            # The group's ranks are a one-node job, whatever --num-nodes says.
+            **run_flags_changed(num_nodes=1),
         }
         settings = [
             str(launcher.num_processes),
             str(launcher.monitor_interval),
             str(launcher.rendezvous_timeout),
             str(os.getpid()),
+            launcher.group_address,
         ]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "phalanx_torchft._group", *settings, "--", *self.command],
@@ -316,6 +427,24 @@ class _Group:
     def exit_status(self) -> int:
         status = self.status or 1
         return 128 - status if status < 0 else status
+
+
+def _url_host(address: str) -> str:
+    """``address`` as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+def _check_url(url: Any) -> None:
+    parts = urlsplit(url) if isinstance(url, str) else None
+    try:
+        port = parts.port if parts is not None else None
+    except ValueError:
+        port = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise MisconfigurationError(
+            f"launcher 'replica_groups': lighthouse={url!r}; give a running TorchFT lighthouse's "
+            "URL, http://HOST:PORT"
+        )
 
 
 def _signal_name(number: int) -> str:

@@ -18,6 +18,7 @@ from phalanx_torch.strategies import DDPStrategy
 
 from ._loader import QuorumLoader
 from ._variables import LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
+from .errors import NoQuorumError
 
 __all__ = ["DDPFTStrategy", "FaultTolerant"]
 
@@ -52,9 +53,14 @@ class FaultTolerant:
       healing transfer may take (default 10); also how long a survivor can
       stall on a peer that hangs without dying (a host cut off the
       network). A peer that dies (its sockets close) is noticed at once.
-    - ``quorum_timeout``: seconds to wait for a quorum (default 60): where
-      the lighthouse is gone, every group fails with TorchFT's error after
-      this long.
+    - ``quorum_timeout``: seconds a training step waits for its quorum
+      (default 10): where the lighthouse is lost or cut off, or fewer than
+      ``min_replicas`` groups are alive, each group's ranks stop with
+      :class:`~phalanx_torchft.NoQuorumError` after this long (and the
+      launcher starts the group again). A group's first start waits longer
+      for the lighthouse and for its first quorum, 60 s (or
+      ``quorum_timeout`` if longer): the hosts of a job need not start at
+      once.
     """
 
     #: The strategy's name, for messages.
@@ -64,7 +70,7 @@ class FaultTolerant:
         self,
         *,
         replica_timeout: float = 10.0,
-        quorum_timeout: float = 60.0,
+        quorum_timeout: float = 10.0,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -112,13 +118,39 @@ class FaultTolerant:
         """How many replica groups take part in the current step (its
         quorum's members that are not healing); the gradients are averaged
         over them."""
+        self._wait_quorum()
         return int(self.manager.num_participants())
 
     @property
     def participating(self) -> bool:
         """Whether this group's gradients are part of the current step
         (``False`` in a step where the group heals: TorchFT zeroes them)."""
+        self._wait_quorum()
         return bool(self.manager.is_participating())
+
+    def _wait_quorum(self) -> None:
+        """Wait for the quorum of the step in hand, if one is asked for.
+        TorchFT raises its lighthouse client's error where none came (a
+        Rust ``TimeoutError`` after ``quorum_timeout``, a refused
+        connection); its all-reduce swallows it, and every later step
+        waits for it again and fails: here it is one named error, which
+        ends the group's ranks (the launcher starts the group again)."""
+        if not self._step_open:
+            return
+        try:
+            self.manager.wait_quorum()
+        except Exception as exc:  # noqa: BLE001 - the quorum's error, of TorchFT's Rust client or not
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
+            group, _ = replica_group_of_this_process(f"strategy {self.name!r}")
+            raise NoQuorumError(
+                f"replica group {group}: no quorum for step {self.current_step} from TorchFT's "
+                f"lighthouse at {os.environ.get(LIGHTHOUSE_VAR)} in time ({type(exc).__name__}: "
+                f"{text}). The lighthouse is lost or this host cannot reach it (on several hosts it "
+                "lives in node 0's phalanx run, or where --lighthouse points), or fewer than "
+                f"min_replicas={min_replicas()} groups are alive. This group stops; phalanx run "
+                "starts it again (--max-restarts), and it heals from a peer once a quorum forms. "
+                f"quorum_timeout={self.quorum_timeout:g} s is how long a step waits"
+            ) from None
 
     @property
     def current_step(self) -> int:
@@ -160,7 +192,7 @@ class FaultTolerant:
         environment = self.environment
         _quieten_torchft()
         across = ProcessGroupGloo(timeout=seconds)
-        return Manager(
+        options = dict(
             pg=across,
             # A healing group receives its peers' state over the groups'
             # own gloo group, not TorchFT's default HTTP server: that one
@@ -173,7 +205,7 @@ class FaultTolerant:
             min_replica_size=min_replicas(),
             timeout=seconds,
             quorum_timeout=timedelta(seconds=self.quorum_timeout),
-            connect_timeout=timedelta(seconds=max(self.replica_timeout, 10.0)),
+            connect_timeout=timedelta(seconds=self._start_wait),
             rank=self.global_rank,
             world_size=self.world_size,
             store_addr=environment.main_address,
@@ -185,6 +217,17 @@ class FaultTolerant:
             hostname=_address_toward(lighthouse),
             init_sync=False,  # the groups are made alike in a step of their own: _start_alike
         )
+        try:
+            return Manager(**options)
+        except RuntimeError as exc:  # the Rust client's: the lighthouse did not answer
+            if "connect" not in str(exc):
+                raise
+            raise NoQuorumError(
+                f"replica group {group}: TorchFT's lighthouse at {lighthouse} did not answer within "
+                f"{self._start_wait:g} s ({str(exc).strip().splitlines()[0]}). It is lost, not started "
+                "yet, or this host cannot reach it (on several hosts it lives in node 0's phalanx "
+                "run, or where --lighthouse points)"
+            ) from None
 
     def setup(self, module: Any, *optimizers: Any) -> Any:
         ready = super().setup(module, *optimizers)
@@ -243,8 +286,8 @@ class FaultTolerant:
         manager = self.manager
         self._setups += 1
         while True:
-            self._open_step()
-            manager.wait_quorum()
+            self._open_step(timeout=self._start_wait)
+            self._wait_quorum()
             if manager.current_step() > 0:
                 return  # the step this quorum opened is this group's first; it heals in it
             tensors = [
@@ -365,10 +408,17 @@ class FaultTolerant:
 
     # -- a step ----------------------------------------------------------------
 
-    def _open_step(self) -> None:
+    @property
+    def _start_wait(self) -> float:
+        """Seconds a group waits for the lighthouse and its first quorum: a
+        group's first start may come before the lighthouse's host has
+        started (60 s); a restarted group found it before."""
+        return max(self.quorum_timeout, 60.0) if self.restart_count == 0 else self.quorum_timeout
+
+    def _open_step(self, timeout: float | None = None) -> None:
         """Ask for this step's quorum (once per step)."""
         if not self._step_open:
-            self.manager.start_quorum()
+            self.manager.start_quorum(timeout=timedelta(seconds=timeout or self.quorum_timeout))
             self._step_open = True
             self._verdict = None
 
@@ -377,6 +427,7 @@ class FaultTolerant:
         optimizer)."""
         if self._verdict is None:
             self._open_step()
+            self._wait_quorum()
             self._verdict = bool(self.manager.should_commit())
             self.committed = self._verdict
             for loader in self._loaders:

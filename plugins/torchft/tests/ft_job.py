@@ -1,0 +1,271 @@
+"""The training script of phalanx-torchft's tests and ``Job``, a ``phalanx
+run`` of it (on this host, or one per host of a test bed), its output read
+as it comes."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SCRIPT = textwrap.dedent(
+    """
+    import functools, os, sys, time
+    from pathlib import Path
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+    import phalanx
+
+    out = Path(sys.argv[1])
+    stop = None  # the step every group stops at, once the test writes it
+    # The step at which group 1's rank 0 stops, its batch in hand, to be killed.
+    park = int((out / "park-at").read_text()) if (out / "park-at").exists() else None
+    strategy = phalanx.resolve()
+    strategy.launch()
+    torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
+    loads = []
+
+    class Model(nn.Sequential):
+        def load_state_dict(self, state, *args, **kwargs):
+            loads.append(strategy.current_step)
+            return super().load_state_dict(state, *args, **kwargs)
+
+    class Samples(Dataset):
+        def __len__(self):
+            return 120
+
+        def __getitem__(self, i):
+            return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
+
+    model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.05))
+    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # hsdp_ft: this rank's shard
+    batches = iter(loader)
+    where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
+    # Each line also in a file of this process's: what a kill of the
+    # processes that relay the output (a whole host) leaves unsaid is there.
+    records = open(out / f"records-{os.getpid()}", "a", buffering=1)
+
+    def say(line):
+        print(line, flush=True)
+        records.write(line + "\\n")
+    while True:
+        if stop is None and (out / "stop").exists():
+            stop = int((out / "stop").read_text())
+        if stop is not None and strategy.current_step >= stop:
+            break
+        step = strategy.current_step
+        optimizer.zero_grad()
+        try:
+            ids, x = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            ids, x = next(batches)
+        say(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}")
+        victim = out / "victim"
+        if park is not None and strategy.replica_group == 1 and strategy.global_rank == 0 and step >= park \
+                and not victim.exists():
+            (out / "victim.tmp").write_text(str(os.getpid()))
+            (out / "victim.tmp").rename(victim)
+            time.sleep(120)  # the test kills this process here, its batch in hand
+        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        time.sleep(0.1)
+        strategy.backward(loss)
+        strategy.optimizer_step(optimizer)
+        say(f"STEP {where} step={step} committed={strategy.committed} "
+              f"participants={strategy.participants} participating={strategy.participating} "
+              f"t={time.monotonic():.3f} "
+              f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}")
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+    torch.save(
+        {"weights": whole, "loads": loads, "restarts": strategy.restart_count},
+        out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
+    )
+    print(f"DONE {where}", flush=True)
+    """
+)
+
+LINE = re.compile(
+    r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) "
+    r"participating=(\w+) t=([\d.]+)"
+)
+BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
+
+
+class Job:
+    """A ``phalanx run`` of the script: on this host, or on each of
+    ``hosts`` (a test bed's) as node ``i`` of ``len(hosts)``, node 0's
+    address the main address. Every process's output is read as it comes,
+    into one list of lines."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        *flags: str,
+        strategy: str = "ddp_ft",
+        park_at: int | None = None,
+        hosts: Sequence[Any] = (),
+        port: int = 29640,
+    ) -> None:
+        (tmp_path / "train.py").write_text(SCRIPT)
+        self.tmp_path = tmp_path
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        if park_at is not None:
+            (self.out / "park-at").write_text(str(park_at))
+        self.lines: list[str] = []
+        self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
+        self.participated: dict[int, list[bool]] = {}  # by pid: each step's
+        self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
+        self.command = [
+            sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
+            *flags,
+        ]  # fmt: skip
+        self.hosts = list(hosts)
+        self.port = port
+        self._lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+        self.processes: list[subprocess.Popen[str]] = []
+        for node in range(len(self.hosts) or 1):
+            self.start(node)
+        self.process = self.processes[0]
+
+    def start(self, node: int = 0) -> subprocess.Popen[str]:
+        """Start ``phalanx run`` on node ``node`` (again, for a host that
+        comes back)."""
+        command = self.command
+        if self.hosts:
+            command = [
+                *command, "--num-nodes", str(len(self.hosts)), "--node-rank", str(node),
+                "--main-address", self.hosts[0].address, "--main-port", str(self.port),
+            ]  # fmt: skip
+        command = [*command, "train.py", str(self.out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        options: dict[str, Any] = {
+            "cwd": self.tmp_path, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True
+        }  # fmt: skip
+        process = (
+            self.hosts[node].popen(command, **options) if self.hosts else subprocess.Popen(command, **options)
+        )
+        self.processes.append(process)
+        reader = threading.Thread(target=self._read, args=(process,), daemon=True)
+        reader.start()
+        self._readers.append(reader)
+        return process
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with self._lock:
+                self._parse(line)
+
+    def _parse(self, line: str) -> None:
+        self.lines.append(line)
+        found = LINE.search(line)
+        if found:
+            g, r, pid, step, committed, participants, participating, t = found.groups()
+            self.steps.append(
+                (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t))
+            )
+            self.participated.setdefault(int(pid), []).append(participating == "True")
+        batch = BATCH.search(line)
+        if batch:
+            *_, pid, _, epoch, ids = batch.groups()
+            self.batches.setdefault(int(pid), []).append((int(epoch), [int(i) for i in ids.split(",")]))
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, condition, what: str, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not condition():
+            ended = all(p.poll() is not None for p in self.processes)
+            if ended or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"{what}: not seen; the job's output:\n{self.output}")
+            time.sleep(0.05)
+
+    def stop_after(self, more: int) -> None:
+        """Have every group stop at ``more`` steps after the last one seen
+        (a step no group has reached yet: all of them stop at it)."""
+        step = max(s[3] for s in self.steps) + more
+        (self.out / "stop.tmp").write_text(str(step))
+        (self.out / "stop.tmp").rename(self.out / "stop")
+
+    def finish(self, timeout: float = 180) -> int:
+        """Wait for every process; the first one's exit status (``codes``:
+        every one's)."""
+        deadline = time.monotonic() + timeout
+        try:
+            for process in self.processes:
+                process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"the job did not end; its output:\n{self.output}") from None
+        for reader in self._readers:
+            reader.join(10)
+        return self.process.returncode
+
+    @property
+    def codes(self) -> list[int | None]:
+        return [p.returncode for p in self.processes]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    def pids(self, group: int) -> list[int]:
+        """The pids of ``group``'s rank 0 in the order they trained."""
+        seen: list[int] = []
+        for g, r, pid, *_ in self.steps:
+            if g == group and r == 0 and pid not in seen:
+                seen.append(pid)
+        return seen
+
+    def trained(self) -> dict[int, collections.Counter[int]]:
+        """By epoch, how many times each sample was in a committed step that
+        its rank took part in (a rank's batches and steps, in order: a
+        killed rank's last batch has no step)."""
+        # From the ranks' own files: a killed host's last lines may never
+        # have reached this process.
+        record = Job.__new__(Job)
+        record.lines, record.steps, record.participated, record.batches = [], [], {}, {}
+        for path in sorted(self.out.glob("records-*")):
+            for line in path.read_text().splitlines():
+                record._parse(line)
+        counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+        committed_by_pid: dict[int, list[bool]] = collections.defaultdict(list)
+        for _, _, pid, _, committed, *_ in record.steps:
+            committed_by_pid[pid].append(committed)
+        for pid, batches in record.batches.items():
+            verdicts = zip(committed_by_pid[pid], record.participated.get(pid, []), strict=True)
+            for (epoch, ids), (committed, participating) in zip(batches, verdicts, strict=False):
+                if committed and participating:
+                    counts[epoch].update(ids)
+        return counts
+
+    def ends(self) -> dict[int, dict]:
+        import torch
+
+        return {
+            int(path.name.split("-")[0][len("group") :]): torch.load(path)
+            for path in sorted(self.out.glob("group*-rank0-*.pt"))
+        }

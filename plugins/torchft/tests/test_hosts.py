@@ -1,0 +1,130 @@
+"""``ddp_ft`` on several hosts (network namespaces of a test bed): one
+replica group a host, TorchFT's lighthouse in node 0's ``phalanx run``.
+A host killed whole (every process, as a lost machine) and one cut off
+the network: the other hosts' groups train on without a restart, and the
+lost group, back, heals from a peer."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
+
+from ft_job import Job
+
+from phalanx_core.testing.hosts import TestBed, missing
+
+
+@pytest.fixture
+def bed():
+    if missing() is not None:
+        pytest.fail(f"these tests need network namespaces: {missing()}")
+    with TestBed(3, subnet="192.168.79") as made:
+        yield made
+
+
+def same_weights_everywhere(job: Job, groups: int) -> None:
+    import torch
+
+    ends = sorted(job.out.glob("group*-rank*-*.pt"))
+    assert len(ends) == groups, [p.name for p in ends]
+    first = torch.load(ends[0])["weights"]
+    for path in ends[1:]:
+        weights = torch.load(path)["weights"]
+        assert all(a.equal(b) for a, b in zip(first, weights, strict=True)), path.name
+
+
+def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_path):
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", hosts=bed.hosts, park_at=10)
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 (node1) at step 10")
+    killed = bed.kill_all(bed.hosts[1])  # its phalanx run, its group's launcher, its rank
+    assert killed >= 3, killed
+    job.processes[1].wait(30)
+    last_before = max(s[6] for s in job.steps if s[0] in (0, 2))
+    # The other hosts' groups go on alone: steps of two groups.
+    job.wait_for(
+        lambda: sum(1 for s in job.steps if s[0] == 0 and s[5] == 2 and s[4]) >= 3, "steps of 2 groups"
+    )
+    # The host comes back (a replacement with node1's name and address).
+    job.start(1)
+    job.wait_for(lambda: len(job.pids(1)) == 2, "node1's group training again")
+    job.stop_after(8)
+    job.finish()
+    output = job.output
+    assert job.codes[0] == 0 and job.codes[2] == 0 and job.codes[3] == 0, (job.codes, output)
+    assert job.codes[1] == -signal.SIGKILL, job.codes
+
+    for group in (0, 2):  # never restarted: one process each
+        assert len(job.pids(group)) == 1, output
+    assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
+    two = [s for s in job.steps if s[0] == 0 and s[6] > last_before and s[4]]
+    assert two and two[0][5] == 2, output
+    back = [s for s in job.steps if s[2] == job.pids(1)[1]]
+    assert any(s[4] and s[5] == 3 for s in back), output  # the replacement trained with the others
+    same_weights_everywhere(job, 3)
+    ends = job.ends()
+    assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= 10, ends[1]["loads"]  # healed, no checkpoint
+
+    trained = job.trained()
+    for epoch in sorted(trained)[:-1]:
+        assert set(trained[epoch]) == set(range(120)), (epoch, output)
+
+
+def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp_path):
+    # Short timeouts: a survivor's all-reduce with the cut host's group
+    # gives up after replica_timeout, the cut group's quorum after
+    # quorum_timeout (then its rank fails and node1 restarts the group).
+    timeouts = ("-o", "replica_timeout=3", "-o", "quorum_timeout=5")
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", *timeouts, hosts=bed.hosts)
+    job.wait_for(lambda: any(s[0] == 1 and s[3] >= 10 for s in job.steps), "group 1 (node1) at step 10")
+    bed.cut(bed.hosts[1])
+    cut_at = max(s[6] for s in job.steps)
+    job.wait_for(
+        lambda: sum(1 for s in job.steps if s[0] == 0 and s[6] > cut_at and s[4] and s[5] == 2) >= 5,
+        "steps of the two other groups",
+    )
+    # Cut for longer than quorum_timeout: the cut group's quorum fails, its
+    # rank raises, and node1's launcher starts the group again, into the cut.
+    time.sleep(max(0.0, cut_at + 8 - time.monotonic()))
+    bed.reconnect(bed.hosts[1])
+    back_at = time.monotonic()
+    job.wait_for(
+        lambda: any(s[0] == 1 and s[6] > cut_at and s[4] and s[5] == 3 for s in job.steps), "group 1 back"
+    )
+    job.stop_after(8)
+    assert job.finish() == 0, job.output
+    output = job.output
+    assert job.codes == [0, 0, 0], (job.codes, output)
+    # The cut group's rank said why it stopped, and node1 started the group again.
+    assert "NoQuorumError: replica group 1: no quorum for step" in output, output
+    assert "phalanx run: replica group 1 failed (exit status 1); starting it again (1 of 3)" in output
+    for group in (0, 2):  # never restarted: one process each
+        assert len(job.pids(group)) == 1, output
+    # The cut group committed no step while it was cut: no lighthouse, no quorum.
+    alone = [s for s in job.steps if s[0] == 1 and cut_at < s[6] < back_at and s[4]]
+    assert not alone, alone
+    same_weights_everywhere(job, 3)
+    trained = job.trained()
+    for epoch in sorted(trained)[:-1]:
+        assert set(trained[epoch]) == set(range(120)), (epoch, output)
+
+
+def test_the_lighthouses_host_lost_stops_every_group_with_a_named_error(bed, tmp_path):
+    timeouts = ("-o", "replica_timeout=3", "-o", "quorum_timeout=3", "--max-restarts", "1")
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", *timeouts, hosts=bed.hosts)
+    job.wait_for(lambda: any(s[3] >= 5 for s in job.steps), "step 5")
+    bed.kill_all(bed.hosts[0])  # node 0: the lighthouse and group 0
+    lost_at = time.monotonic()
+    job.finish(timeout=120)
+    output = job.output
+    for node in (1, 2):
+        assert job.codes[node] == 1, (job.codes, output)
+        assert bed.pids(bed.hosts[node]) == [], output  # nothing of the job left on the host
+    for group in (1, 2):
+        assert f"NoQuorumError: replica group {group}: no quorum for step" in output, output
+        assert f"replica group {group} failed 2 time(s), more than max_restarts=1" in output, output
+    assert not [s for s in job.steps if s[6] > lost_at and s[4]], "a step committed with no lighthouse"
