@@ -1,8 +1,16 @@
 """A lost replica under ``ddp_ft`` against a restart under ``ddp
---max-restarts``, in one run, on this host (CPU, gloo).
+--max-restarts``, in one run, on this host or on ``--hosts N`` hosts made
+of network namespaces (CPU, gloo).
 
     python bench/ddp_ft.py [--groups 3] [--steps 60] [--pad 0.25] [--kill-at 25] [--every 10]
-                           [--heartbeat-timeout 1.0] [--json]
+                           [--heartbeat-timeout 1.0] [--replica-timeout 10] [--hosts N [--cut]] [--json]
+
+With ``--hosts N`` (root and iproute2; ``--groups`` is then N: one group,
+or one ``ddp`` rank, a host), the kill is of every process of host 1 (as a
+lost machine), and ``ddp`` runs as ``--num-nodes N-1:N --max-restarts 1``
+(node 0 holds its store), so that the job goes on with the hosts left;
+``--cut`` cuts host 1 off the network instead (a lost group is then seen
+only when an all-reduce with it times out: ``--replica-timeout``).
 
 Workload: ``bench/ddp_ft_train.py`` (a small MLP, ``--pad`` seconds of
 sleep in each step, one line per step). Four jobs, one after the other:
@@ -38,6 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 WORKLOAD = Path(__file__).resolve().parent / "ddp_ft_train.py"
 LINE = re.compile(r"STEP group=(\d+) pid=(\d+) step=(\d+) committed=(\w+) t=([\d.]+)")
@@ -46,39 +55,63 @@ LINE = re.compile(r"STEP group=(\d+) pid=(\d+) step=(\d+) committed=(\w+) t=([\d
 class Run:
     """One ``phalanx run`` of the workload, its step lines as they come."""
 
-    def __init__(self, flags: list[str], args: argparse.Namespace) -> None:
+    def __init__(self, flags: list[str], args: argparse.Namespace, bed: Any = None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="phalanx-ddp-ft-"))
         self.steps: list[tuple[int, int, int, bool, float]] = []
-        command = [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", *flags, str(WORKLOAD)]
-        command += [str(self.folder), str(args.steps), str(args.pad), str(args.every)]
+        self.bed = bed
+        command = [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", *flags]
+        workload = [str(WORKLOAD), str(self.folder), str(args.steps), str(args.pad), str(args.every)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=self.folder
-        )
-        threading.Thread(target=self._read, daemon=True).start()
+        options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        options.update(env=env, cwd=self.folder)
+        if bed is None:
+            self.processes = [subprocess.Popen([*command, *workload], **options)]
+        else:
+            hosts = bed.hosts
+            self.processes = [
+                host.popen([*command, "--node-rank", str(node), "--main-address", hosts[0].address,
+                            "--main-port", "29650", *workload], **options)
+                for node, host in enumerate(hosts)
+            ]  # fmt: skip
+        self.process = self.processes[0]
+        for process in self.processes:
+            threading.Thread(target=self._read, args=(process,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
             found = LINE.search(line)
             if found:
                 group, pid, step, committed, t = found.groups()
                 self.steps.append((int(group), int(pid), int(step), committed == "True", float(t)))
 
-    def kill_at(self, group: int, step: int) -> tuple[float, int]:
-        """SIGKILL ``group``'s process once it has done ``step`` steps; the
-        time and the step it was at."""
+    def kill_at(self, group: int, step: int, cut: bool = False) -> tuple[float, int]:
+        """SIGKILL ``group``'s process once it has done ``step`` steps (or
+        cut its host off the network, ``cut``); the time and the step it
+        was at."""
         while not any(s[0] == group and s[2] >= step for s in self.steps):
             if self.process.poll() is not None:
                 raise RuntimeError("the job ended before the kill")
             time.sleep(0.01)
         pid, at = next((s[1], s[2]) for s in reversed(self.steps) if s[0] == group)
-        os.kill(pid, signal.SIGKILL)
+        if self.bed is None:
+            os.kill(pid, signal.SIGKILL)
+        elif cut:
+            self.bed.cut(self.bed.hosts[group])
+        else:  # the whole host of the group (one a host)
+            self.bed.kill_all(self.bed.hosts[group])
         return time.monotonic(), at
 
-    def wait(self) -> None:
-        if self.process.wait(600) != 0:
-            raise RuntimeError(f"the job failed with {self.process.returncode}")
+    def wait(self, lost: int | None = None) -> None:
+        """Wait for every process but that of host ``lost``; then end what
+        runs there (a host cut off: as one that never comes back)."""
+        for node, process in enumerate(self.processes):
+            if node != lost and process.wait(600) != 0:
+                raise RuntimeError(f"the job failed with {process.returncode} (node {node})")
+        if lost is not None:
+            self.bed.kill_all(self.bed.hosts[lost])
+            self.processes[lost].wait(60)
+            self.bed.reconnect(self.bed.hosts[lost])  # for the next run (a no-op after a kill)
 
     def median_step(self, group: int) -> float:
         times = [s[4] for s in self.steps if s[0] == group and s[3]][5:]  # after the first steps
@@ -95,15 +128,36 @@ def main() -> None:
     parser.add_argument(
         "--heartbeat-timeout", type=float, default=1.0, help="the replica_groups launcher's (seconds)"
     )
+    parser.add_argument("--hosts", type=int, help="N hosts of network namespaces, one group a host (root)")
+    parser.add_argument("--cut", action="store_true", help="with --hosts: cut host 1 off the network instead")
+    parser.add_argument("--replica-timeout", type=float, default=10.0, help="ddp_ft's (seconds)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    g = str(args.groups)
+    if args.hosts is None:
+        if args.cut:
+            parser.error("--cut needs --hosts")
+        measure(args, None)
+        return
+    from phalanx_core.testing.hosts import TestBed
 
-    ft_flags = ["--strategy", "ddp_ft", "--replica-groups", g, "--devices", "1"]
+    args.groups = args.hosts
+    with TestBed(args.hosts, subnet="192.168.82") as bed:
+        measure(args, bed)
+
+
+def measure(args: argparse.Namespace, bed: Any) -> None:
+    g = str(args.groups)
+    nodes: list[str] = []  # phalanx run's flags for a job across the hosts
+    if bed is not None:
+        nodes = ["--num-nodes", g]
+    lost = None if bed is None else 1
+
+    ft_flags = ["--strategy", "ddp_ft", "--replica-groups", g, "--devices", "1", *nodes]
     ft_flags += ["-o", f"heartbeat_timeout={args.heartbeat_timeout}"]
-    ft = Run([*ft_flags, "--max-restarts", "1"], args)
-    killed, _ = ft.kill_at(1, args.kill_at)
-    ft.wait()
+    ft_flags += ["-o", f"replica_timeout={args.replica_timeout}"]
+    ft = Run([*ft_flags, "--max-restarts", "1"], args, bed)
+    killed, _ = ft.kill_at(1, args.kill_at, args.cut)
+    ft.wait(lost)
     survivors = [s for s in ft.steps if s[0] != 1]
     gaps = []
     for group in {s[0] for s in survivors}:
@@ -113,20 +167,25 @@ def main() -> None:
         gaps.append(max(b - a for a, b in itertools.pairwise(after)))
     not_committed = sum(1 for s in survivors if s[4] >= killed and not s[3])
 
-    ddp = Run(["--strategy", "ddp", "--devices", g, "--max-restarts", "1"], args)
-    killed_ddp, at = ddp.kill_at(1, args.kill_at)
-    ddp.wait()
+    if bed is None:
+        ddp_flags = ["--strategy", "ddp", "--devices", g]
+    else:
+        ddp_flags = ["--strategy", "ddp", "--devices", "1", "--num-nodes", f"{args.groups - 1}:{g}"]
+    ddp = Run([*ddp_flags, "--max-restarts", "1"], args, bed)
+    killed_ddp, at = ddp.kill_at(1, args.kill_at, args.cut)
+    ddp.wait(lost)
     before = {s[1] for s in ddp.steps if s[4] < killed_ddp}
     next_step = min(s[4] for s in ddp.steps if s[1] not in before)  # a restarted rank's first step
     redone = at - (at // args.every) * args.every
 
-    quiet_ft = Run(ft_flags, args)
+    quiet_ft = Run(ft_flags, args, bed)
     quiet_ft.wait()
-    quiet_ddp = Run(["--strategy", "ddp", "--devices", g], args)
+    quiet_ddp = Run([*ddp_flags[:-2], *nodes] if bed is not None else ddp_flags, args, bed)
     quiet_ddp.wait()
     step_ft, step_ddp = quiet_ft.median_step(0), quiet_ddp.median_step(0)
 
     result = {
+        "hosts": args.hosts or 1,
         "groups": args.groups,
         "pad_s": args.pad,
         "heartbeat_timeout_s": args.heartbeat_timeout,
@@ -142,9 +201,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
+    event = "cut off the network" if args.cut else "killed whole"
+    where = "one host" if bed is None else f"{g} hosts (network namespaces), host 1 {event}"
     print(
-        f"{g} groups of 1 rank (ddp_ft, heartbeat_timeout {args.heartbeat_timeout} s) / {g} ranks (ddp), "
-        f"step padded {args.pad} s, CPU"
+        f"{g} groups of 1 rank (ddp_ft, heartbeat_timeout {args.heartbeat_timeout} s, replica_timeout "
+        f"{args.replica_timeout:g} s) / {g} ranks (ddp), "
+        f"step padded {args.pad} s, CPU, {where}"
     )
     print(
         f"ddp_ft, group 1 killed at step {args.kill_at}: survivors' longest gap "

@@ -98,7 +98,7 @@ SCRIPT = textwrap.dedent(
 
 LINE = re.compile(
     r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) "
-    r"participating=(\w+) t=([\d.]+)"
+    r"participating=(\w+) t=([\d.]+) sum=([\d.]+)"
 )
 BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
 
@@ -125,7 +125,8 @@ class Job:
         if park_at is not None:
             (self.out / "park-at").write_text(str(park_at))
         self.lines: list[str] = []
-        self.steps: list[tuple[int, int, int, int, bool, int, float]] = []
+        # (group, rank, pid, step, committed, participants, t, participating, sum of squares)
+        self.steps: list[tuple[int, int, int, int, bool, int, float, bool, str]] = []
         self.participated: dict[int, list[bool]] = {}  # by pid: each step's
         self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
         self.command = [
@@ -135,6 +136,7 @@ class Job:
         self.hosts = list(hosts)
         self.port = port
         self._lock = threading.Lock()
+        self.log: Any = open(tmp_path / "output.txt", "a")  # noqa: SIM115 - written as lines come
         self._readers: list[threading.Thread] = []
         self.processes: list[subprocess.Popen[str]] = []
         for node in range(len(self.hosts) or 1):
@@ -172,12 +174,16 @@ class Job:
 
     def _parse(self, line: str) -> None:
         self.lines.append(line)
+        if self.log is not None:  # the whole output, where a failed assertion shows a part
+            self.log.write(line)
+            self.log.flush()
         found = LINE.search(line)
         if found:
-            g, r, pid, step, committed, participants, participating, t = found.groups()
+            g, r, pid, step, committed, participants, participating, t, total = found.groups()
             self.steps.append(
-                (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t))
-            )
+                (int(g), int(r), int(pid), int(step), committed == "True", int(participants), float(t),
+                 participating == "True", total)
+            )  # fmt: skip
             self.participated.setdefault(int(pid), []).append(participating == "True")
         batch = BATCH.search(line)
         if batch:
@@ -240,6 +246,16 @@ class Job:
                 seen.append(pid)
         return seen
 
+    def diverged(self) -> dict[int, set[str]]:
+        """The steps after which the groups that committed them (taking
+        part) hold different weights (rank 0's sum of squares): a split
+        brain, which TorchFT's lighthouse must never let happen."""
+        sums: dict[int, set[str]] = collections.defaultdict(set)
+        for _, rank, _, step, committed, _, _, participating, total in self.steps:
+            if committed and participating and rank == 0:
+                sums[step].add(total)
+        return {step: found for step, found in sums.items() if len(found) > 1}
+
     def trained(self) -> dict[int, collections.Counter[int]]:
         """By epoch, how many times each sample was in a committed step that
         its rank took part in (a rank's batches and steps, in order: a
@@ -248,6 +264,7 @@ class Job:
         # have reached this process.
         record = Job.__new__(Job)
         record.lines, record.steps, record.participated, record.batches = [], [], {}, {}
+        record.log = None
         for path in sorted(self.out.glob("records-*")):
             for line in path.read_text().splitlines():
                 record._parse(line)

@@ -3,6 +3,7 @@ this host, a rank killed with SIGKILL while the job trains."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -99,6 +100,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, st
     assert ends[1]["loads"][0] >= 10
     for group in (0, 2):
         assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]
+    assert not job.diverged(), job.diverged()  # every step's committers alike after it
     assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("**/checkpoint*"))
 
     # Every sample of an epoch was in one committed step, the batch of the
@@ -285,3 +287,82 @@ def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_
     # Both groups start at the saved step: TorchFT's step came back with it.
     assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", again) == [("6", "6")] * 2
     assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", again)) == ["9"]
+
+
+ACCUMULATED = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+    import phalanx
+
+    out, stop = Path(sys.argv[1]), int(sys.argv[2])
+    strategy = phalanx.resolve()
+    strategy.launch()
+    torch.manual_seed(strategy.replica_group)  # unlike on purpose
+
+    class Samples(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.05)
+    second = torch.optim.Adam(model[2].parameters(), lr=0.01)
+    model, first, second = strategy.setup(model, first, second)
+    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
+    batches = iter(loader)
+    while strategy.current_step < stop:
+        first.zero_grad()
+        second.zero_grad()
+        taken = []
+        for micro in range(2):  # two micro-batches a step, synchronised once
+            try:
+                ids, x = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                ids, x = next(batches)
+            taken.append(f"{loader.epoch}:{','.join(map(str, ids.tolist()))}")
+            with strategy.no_backward_sync(model, enabled=micro == 0):
+                with strategy.forward_context():
+                    loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+                strategy.backward(loss / 2)
+        strategy.optimizer_step(first)
+        strategy.optimizer_step(second)
+        print(f"ACCUMULATED group={strategy.replica_group} committed={strategy.committed} "
+              f"participants={strategy.participants} taken={' '.join(taken)}", flush=True)
+    torch.save([p.detach() for p in model.parameters()], out / f"group{strategy.replica_group}.pt")
+    """
+)
+
+
+def test_mixed_precision_gradient_accumulation_and_two_optimizers(tmp_path):
+    import torch
+
+    (tmp_path / "train.py").write_text(ACCUMULATED)
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu", "--devices", "1",
+         "--replica-groups", "2", "--precision", "bf16-mixed", "train.py", str(tmp_path), "12"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = re.findall(r"ACCUMULATED group=(\d) committed=(\w+) participants=(\d) taken=(.*)", done.stdout)
+    assert len(steps) == 2 * 12, done.stdout
+    assert {(committed, participants) for _, committed, participants, _ in steps} == {("True", "2")}
+    # Both groups end alike: each step's two micro-batches of both groups,
+    # averaged once (no_backward_sync), stepped by both optimizers.
+    a, b = (torch.load(tmp_path / f"group{g}.pt") for g in (0, 1))
+    assert all(x.equal(y) for x, y in zip(a, b, strict=True))
+    # Every sample of the first epoch in exactly one micro-batch of one group.
+    first_epoch = collections.Counter(
+        int(i)
+        for *_, taken in steps
+        for part in taken.split()
+        if part.startswith("0:")
+        for i in part[2:].split(",")
+    )
+    assert sorted(first_epoch) == list(range(64)) and set(first_epoch.values()) == {1}, first_epoch

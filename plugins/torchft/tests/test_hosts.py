@@ -44,7 +44,6 @@ def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_pa
     killed = bed.kill_all(bed.hosts[1])  # its phalanx run, its group's launcher, its rank
     assert killed >= 3, killed
     job.processes[1].wait(30)
-    last_before = max(s[6] for s in job.steps if s[0] in (0, 2))
     # The other hosts' groups go on alone: steps of two groups.
     job.wait_for(
         lambda: sum(1 for s in job.steps if s[0] == 0 and s[5] == 2 and s[4]) >= 3, "steps of 2 groups"
@@ -61,11 +60,14 @@ def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_pa
     for group in (0, 2):  # never restarted: one process each
         assert len(job.pids(group)) == 1, output
     assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
-    two = [s for s in job.steps if s[0] == 0 and s[6] > last_before and s[4]]
+    # Group 1 died holding its step-10 batch: no step from 10 on had three groups
+    # until its replacement came.
+    two = [s for s in job.steps if s[0] == 0 and s[3] >= 10 and s[4]]
     assert two and two[0][5] == 2, output
     back = [s for s in job.steps if s[2] == job.pids(1)[1]]
     assert any(s[4] and s[5] == 3 for s in back), output  # the replacement trained with the others
     same_weights_everywhere(job, 3)
+    assert not job.diverged(), (job.diverged(), output)
     ends = job.ends()
     assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= 10, ends[1]["loads"]  # healed, no checkpoint
 
@@ -82,7 +84,7 @@ def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp
     job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", *timeouts, hosts=bed.hosts)
     job.wait_for(lambda: any(s[0] == 1 and s[3] >= 10 for s in job.steps), "group 1 (node1) at step 10")
     bed.cut(bed.hosts[1])
-    cut_at = max(s[6] for s in job.steps)
+    cut_at = time.monotonic()
     job.wait_for(
         lambda: sum(1 for s in job.steps if s[0] == 0 and s[6] > cut_at and s[4] and s[5] == 2) >= 5,
         "steps of the two other groups",
@@ -104,9 +106,12 @@ def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp
     assert "phalanx run: replica group 1 failed (exit status 1); starting it again (1 of 3)" in output
     for group in (0, 2):  # never restarted: one process each
         assert len(job.pids(group)) == 1, output
-    # The cut group committed no step while it was cut: no lighthouse, no quorum.
-    alone = [s for s in job.steps if s[0] == 1 and cut_at < s[6] < back_at and s[4]]
-    assert not alone, alone
+    # No split brain: every group that committed a step holds the same weights
+    # after it; and the cut group committed nothing once the quorum it may
+    # have had when the cut came was used (a step: 0.1 s): no lighthouse, no quorum.
+    assert not job.diverged(), (job.diverged(), output)
+    alone = [s for s in job.steps if s[0] == 1 and cut_at + 1.0 < s[6] < back_at and s[4]]
+    assert not alone, (alone, output)
     same_weights_everywhere(job, 3)
     trained = job.trained()
     for epoch in sorted(trained)[:-1]:
