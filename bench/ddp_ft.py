@@ -202,6 +202,7 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         print(json.dumps(result, indent=2))
         return
     event = "cut off the network" if args.cut else "killed whole"
+    lost = "cut off" if args.cut else "killed"
     where = "one host" if bed is None else f"{g} hosts (network namespaces), host 1 {event}"
     print(
         f"{g} groups of 1 rank (ddp_ft, heartbeat_timeout {args.heartbeat_timeout} s, replica_timeout "
@@ -209,11 +210,11 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         f"step padded {args.pad} s, CPU, {where}"
     )
     print(
-        f"ddp_ft, group 1 killed at step {args.kill_at}: survivors' longest gap "
+        f"ddp_ft, group 1 {lost} at step {args.kill_at}: survivors' longest gap "
         f"{result['ddp_ft_survivor_longest_gap_s']} s, their steps not committed {not_committed}"
     )
     print(
-        f"ddp --max-restarts 1, rank 1 killed at step {at}: kill to next step "
+        f"ddp --max-restarts 1, rank 1 {lost} at step {at}: {lost} to next step "
         f"{result['ddp_max_restarts_kill_to_next_step_s']} s, steps done again {redone} "
         f"(checkpoint every {args.every})"
     )

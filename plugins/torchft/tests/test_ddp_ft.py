@@ -267,9 +267,12 @@ def test_a_checkpoint_is_written_by_one_group_with_torchfts_step_and_resumed_by_
     out.mkdir()
 
     def run(until: int) -> str:
+        # min_replicas=2: no step without both groups (a group started late
+        # on a loaded machine would otherwise find the other's newer checkpoint).
         done = subprocess.run(
             [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
-             "--devices", str(devices), "--replica-groups", "2", "train.py", str(out), str(until)],
+             "--devices", str(devices), "--replica-groups", "2", "-o", "min_replicas=2",
+             "train.py", str(out), str(until)],
             cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

@@ -61,8 +61,9 @@ def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_pa
         assert len(job.pids(group)) == 1, output
     assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
     # Group 1 died holding its step-10 batch: no step from 10 on had three groups
-    # until its replacement came.
-    two = [s for s in job.steps if s[0] == 0 and s[3] >= 10 and s[4]]
+    # until its replacement came. (A survivor whose all-reduce broke where the
+    # other's completed copies the step from it, as TorchFT heals: not counted.)
+    two = [s for s in job.steps if s[0] == 0 and s[3] >= 10 and s[4] and s[7]]
     assert two and two[0][5] == 2, output
     back = [s for s in job.steps if s[2] == job.pids(1)[1]]
     assert any(s[4] and s[5] == 3 for s in back), output  # the replacement trained with the others
@@ -108,9 +109,9 @@ def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp
         assert len(job.pids(group)) == 1, output
     # No split brain: every group that committed a step holds the same weights
     # after it; and the cut group committed nothing once the quorum it may
-    # have had when the cut came was used (a step: 0.1 s): no lighthouse, no quorum.
+    # have had when the cut came was used (a step: 0.1 s, 2 s allowed): no lighthouse, no quorum.
     assert not job.diverged(), (job.diverged(), output)
-    alone = [s for s in job.steps if s[0] == 1 and cut_at + 1.0 < s[6] < back_at and s[4]]
+    alone = [s for s in job.steps if s[0] == 1 and cut_at + 2.0 < s[6] < back_at and s[4]]
     assert not alone, (alone, output)
     same_weights_everywhere(job, 3)
     trained = job.trained()
@@ -132,4 +133,9 @@ def test_the_lighthouses_host_lost_stops_every_group_with_a_named_error(bed, tmp
     for group in (1, 2):
         assert f"NoQuorumError: replica group {group}: no quorum for step" in output, output
         assert f"replica group {group} failed 2 time(s), more than max_restarts=1" in output, output
-    assert not [s for s in job.steps if s[6] > lost_at and s[4]], "a step committed with no lighthouse"
+    # No step committed without the lighthouse, once a quorum it gave before it
+    # was lost is used (a step takes 0.1 s, 2 s allowed; a commit asks the group's own
+    # manager, not the lighthouse).
+    late = [s for s in job.steps if s[6] > lost_at + 2.0 and s[4]]
+    assert not late, (late, output)
+    assert not job.diverged(), (job.diverged(), output)
