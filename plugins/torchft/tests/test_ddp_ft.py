@@ -186,6 +186,18 @@ def test_the_replica_groups_options_are_checked():
         phalanx.resolve("ddp_ft", accelerator="cpu", lighthouse="node0:29510")
 
 
+def test_a_main_address_on_loopback_is_refused_on_several_hosts(monkeypatch):
+    # Node 0's name listed as 127.0.1.1 on its own host (Debian's hosts file):
+    # the other hosts' groups could not reach this host's groups there.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.1.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    launcher = ReplicaGroupsLauncher(num_nodes=2, node_rank=1, replica_groups=2)
+    with pytest.raises(
+        MisconfigurationError, match=r"leads to this host's loopback.*an IP address of this host"
+    ):
+        launcher.run_script(["train.py"])
+
+
 def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
     argv = [sys.executable, "-m", "phalanx", "explain", "--strategy", "ddp_ft", "--accelerator", "cpu",
             "--devices", "2", "-o", "replica_groups=3", "-o", "min_replicas=2", "-o", "heartbeat_timeout=0.5"]  # fmt: skip
