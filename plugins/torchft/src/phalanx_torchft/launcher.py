@@ -188,7 +188,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             main, port = self._main()
             lighthouse = (
                 f"TorchFT's, in node 0's phalanx run process at {main}:{port} (the main address and "
-                "port); if node 0's host is lost, every group stops at its next step"
+                "port); if node 0's host is lost, every other group stops with NoQuorumError within "
+                "the strategy's quorum_timeout"
             )
         return {
             "groups": (

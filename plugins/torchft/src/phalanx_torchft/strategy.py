@@ -598,10 +598,9 @@ def _address_toward(url: str) -> str:
     import socket
     from urllib.parse import urlsplit
 
-    host = urlsplit(url).hostname or "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((host, 9))  # no packet is sent: the route is looked up
-            return str(probe.getsockname()[0])
-        except OSError:
-            return socket.gethostname()
+    from phalanx_core.network import route_source
+
+    try:
+        return route_source(urlsplit(url).hostname or "127.0.0.1")
+    except OSError:
+        return socket.gethostname()
