@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -61,19 +64,58 @@ nox.options.sessions = [
 ]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
+#: uv makes the environments and installs into them where nox finds it
+#: (``pip install 'nox[uv]'``, as .ci/run does); else virtualenv and pip.
+#: uv takes a few seconds where pip took minutes: torch is unpacked once
+#: into uv's cache and linked into each session (pip unpacked 0.8 GB per
+#: session, and 4 GB for each CUDA build of the range's ends).
+nox.options.default_venv_backend = "uv|virtualenv"
 
 #: What a fresh home keeps of the real one: how pip reaches its package
 #: indexes (the machine's set-up, not a test's state).
 PIP_CONFIG = (".config/pip", ".pip")
+#: The TorchFT phalanx-torchft is tested with (its ``torchft`` extra's range).
+TORCHFT = "torchft>=0.2,<0.3"
+#: pip's settings and the uv variables that say the same (uv reads no
+#: pip.conf): where the packages are, the machine's constraints, the
+#: certificates to trust. A list takes uv's separator.
+PIP_TO_UV = {
+    "index-url": ("UV_INDEX_URL", " "),
+    "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+    "find-links": ("UV_FIND_LINKS", ","),
+    "constraint": ("UV_CONSTRAINT", " "),
+    "cert": ("SSL_CERT_FILE", " "),
+    "default-timeout": ("UV_HTTP_TIMEOUT", " "),
+}
+
+
+@functools.cache
+def uv_settings() -> dict[str, str]:
+    """pip's configuration on this machine (its files and ``PIP_*``
+    variables, as ``pip config list`` prints them, later ones winning) as
+    uv's variables, so that uv installs what pip would: from the same
+    indexes, under the same constraints, and, as pip does, the best version
+    found on any of them (``UV_INDEX_STRATEGY``; uv's default takes the
+    first index that has a package at all)."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
+    for line in listing.splitlines():
+        found = re.fullmatch(r"[^.]*\.([a-z-]+)='(.*)'", line.strip())
+        if found and found[1] in PIP_TO_UV:
+            variable, separator = PIP_TO_UV[found[1]]
+            settings[variable] = separator.join(found[2].split())
+    return settings
 
 
 def session(function: Callable[..., None]) -> Callable[..., None]:
     """A nox session that runs with a home directory and a temporary
     directory of its own, made empty for it and removed after, so that
     nothing an earlier run left on the machine (``~/.ray``, ``/tmp/ray``, a
-    cluster's address file, a token) can make a test pass or fail. pip's
-    download cache and pip's configuration are kept: the first saves
-    downloads, the second says where the package indexes are. The session's
+    cluster's address file, a token) can make a test pass or fail. pip's and
+    uv's caches and pip's configuration are kept: the caches save downloads
+    and unpacking, the configuration says where the package indexes are. The session's
     virtual environment is removed after it too, unless
     ``PHALANX_NOX_KEEP=1``."""
 
@@ -91,6 +133,9 @@ def session(function: Callable[..., None]) -> Callable[..., None]:
             if (real_home / relative).is_dir():
                 shutil.copytree(real_home / relative, home / relative)
         session.env.update(HOME=str(home), TMPDIR=str(tmp), PIP_CACHE_DIR=cache)
+        if getattr(session.virtualenv, "venv_backend", None) == "uv":
+            uv_cache = os.environ.get("UV_CACHE_DIR") or str(real_home / ".cache" / "uv")
+            session.env.update(uv_settings(), UV_CACHE_DIR=uv_cache)
         # Every session's slowest tests in its log: where CI's time goes.
         session.env.setdefault("PYTEST_ADDOPTS", "--durations=15")
         session.log(f"HOME={home} TMPDIR={tmp} (fresh; removed after the session)")
@@ -138,7 +183,9 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """pytest over every package's tests and the cross-package tests/."""
     install_packages(session)
-    session.install("pytest>=8", "hypothesis>=6.100", *XDIST)
+    # pip: tests/test_author_guide.py builds and installs packages with it,
+    # as their authors do (uv's environments come without it).
+    session.install("pytest>=8", "hypothesis>=6.100", "pip", *XDIST)
     # The exit loops' stress belongs in a loop of its own (PHALANX_EXIT_LOOPS=100):
     # in every CI run, three of each.
     session.run("pytest", *PARALLEL, *(session.posargs or TEST_PATHS), env={"PHALANX_EXIT_LOOPS": "3"})
@@ -170,19 +217,27 @@ def apt_install(session: nox.Session, *packages: str) -> None:
         session.run(*command, env=env, external=True)
 
 
-def real_runs(session: nox.Session, name: str, *more: str, env: dict[str, str] | None = None) -> None:
+def real_runs(
+    session: nox.Session,
+    name: str,
+    *more: str,
+    env: dict[str, str] | None = None,
+    install: tuple[str, ...] = (),
+) -> None:
     """pytest on tests/real/test_{name}.py (and the paths in ``more``), which
     their conftest collects only when PHALANX_REAL_RUNS names it (the
-    ``tests`` session leaves them out)."""
+    ``tests`` session leaves them out); ``install``: more packages, after
+    torch and the tree's."""
     install_packages(session)
-    session.install("pytest>=8")
+    session.install("pytest>=8", *install)
     paths = session.posargs or [f"tests/real/test_{name}.py", *more]
     session.run("pytest", *paths, env={"PHALANX_REAL_RUNS": name, **(env or {})})
 
 
 @session
 def slurm(session: nox.Session) -> None:
-    """Real runs under srun on a one-node Slurm cluster on loopback.
+    """Real runs under srun on a one-node Slurm cluster on loopback, and
+    ``ddp_ft`` under srun (one phalanx run per node, a group killed).
 
     Installs Slurm and munge; the tests start munged, slurmctld and slurmd
     with tests/real/slurm/start.sh (free ports, state in a temporary folder)
@@ -190,7 +245,7 @@ def slurm(session: nox.Session) -> None:
     pass or fail.
     """
     apt_install(session, "slurmd", "slurmctld", "slurm-client", "munge")
-    real_runs(session, "slurm")
+    real_runs(session, "slurm", install=(TORCHFT,))  # TorchFT: ddp_ft's groups under srun
 
 
 @session
@@ -198,12 +253,14 @@ def mpi(session: nox.Session) -> None:
     """Real runs under OpenMPI's mpirun: the ``mpi`` environment (torch over
     gloo, ranks from mpirun's variables), and phalanx-mpi's tests with mpi4py
     (the ``mpi`` collective through the conformance suite, the ``mpirun``
-    launcher, DDP and the manual example over MPI). As root, OpenMPI needs
+    launcher, DDP and the manual example over MPI), and ``ddp_ft`` under
+    mpirun (one phalanx run per node, a group killed). As root, OpenMPI needs
     its two allow-run-as-root variables."""
     apt_install(session, "openmpi-bin")
     session.install("mpi4py>=3.1")
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    real_runs(session, "mpi", "plugins/mpi/tests", env=root)
+    # TorchFT: ddp_ft's groups under mpirun.
+    real_runs(session, "mpi", "plugins/mpi/tests", env=root, install=(TORCHFT,))
 
 
 @session
@@ -261,7 +318,8 @@ def horovod(session: nox.Session) -> None:
     and through the ``horovod`` launcher, the collective conformance suite,
     and examples/train.py --strategy horovod on two processes."""
     install_packages(session)
-    session.install("pytest>=8")
+    # pip: the script builds horovod with it, as horovod's docs do.
+    session.install("pytest>=8", "pip")
     python = str(Path(session.bin) / "python")
     script = ROOT / "plugins" / "horovod" / "scripts" / "install-horovod.sh"
     session.run("sh", str(script), env={"PYTHON": python}, external=True)
@@ -299,7 +357,7 @@ def torchft(session: nox.Session) -> None:
     one cut off the network, the lighthouse's host lost."""
     apt_install(session, "iproute2")
     install_packages(session)
-    session.install("torchft>=0.2,<0.3", "pytest>=8")
+    session.install(TORCHFT, "pytest>=8")
     session.run("pytest", "plugins/torchft/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "torchft"})
 
 

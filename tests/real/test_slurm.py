@@ -94,3 +94,20 @@ def test_a_script_in_the_allocation_without_srun_is_refused(slurm_conf, real_run
     [refused] = [line for line in job.stdout.splitlines() if line.startswith("REFUSED")]
     assert "inside a Slurm allocation" in refused and "was not started with srun" in refused
     assert "run `srun --nodes=1 --ntasks-per-node=2 python script.py`" in refused
+
+
+def test_ddp_ft_under_srun_restarts_a_killed_group_on_its_node_while_the_other_trains(
+    slurm_conf, job_env, tmp_path
+):
+    # srun starts one phalanx run per node (here one node), which runs
+    # launcher replica_groups there: the lighthouse and this node's groups.
+    # A group's rank killed: that group alone is started again, by phalanx
+    # run, not by Slurm, and heals from its peer.
+    from ft_job import Job, kill_one_of_two_groups_and_check_it_heals
+
+    srun = ["srun", "-N1", "-n1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    job = Job(
+        tmp_path, "--devices", "1", "--replica-groups", "2", "--max-restarts", "1",
+        park_at=6, launch=srun, env=job_env(SLURM_CONF=str(slurm_conf)),
+    )  # fmt: skip
+    kill_one_of_two_groups_and_check_it_heals(job, park_at=6)

@@ -104,6 +104,18 @@ class Launcher(ABC):
         return not cls.creates_processes
 
     @classmethod
+    def runs_per_node(cls, environment: type[ClusterEnvironment]) -> bool:
+        """Whether this launcher runs once per node where ``environment``
+        (a class whose ``creates_processes_externally`` is true) started
+        one process per node, and starts that node's ranks itself, as
+        torchrun does under ``srun --ntasks-per-node=1``. The registry then
+        keeps this launcher there (instead of ``in_process``), checks that
+        the scheduler started one process on each of ``num_nodes`` nodes,
+        and hands it that environment, from which it reads its node rank
+        and node 0's address. The default: never."""
+        return False
+
+    @classmethod
     def started_this_process(cls) -> bool:
         """Whether this process is a rank that this launcher started (its own
         rank variables say so). The script resolves its flags again in the

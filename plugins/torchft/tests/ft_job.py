@@ -106,8 +106,9 @@ BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d
 class Job:
     """A ``phalanx run`` of the script: on this host, or on each of
     ``hosts`` (a test bed's) as node ``i`` of ``len(hosts)``, node 0's
-    address the main address. Every process's output is read as it comes,
-    into one list of lines."""
+    address the main address; started by the command ``launch`` (``srun
+    ...``) where given, in ``env`` (default this process's). Every
+    process's output is read as it comes, into one list of lines."""
 
     def __init__(
         self,
@@ -117,6 +118,8 @@ class Job:
         park_at: int | None = None,
         hosts: Sequence[Any] = (),
         port: int = 29640,
+        launch: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         (tmp_path / "train.py").write_text(SCRIPT)
         self.tmp_path = tmp_path
@@ -130,11 +133,12 @@ class Job:
         self.participated: dict[int, list[bool]] = {}  # by pid: each step's
         self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
         self.command = [
-            sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
+            *launch, sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
             *flags,
         ]  # fmt: skip
         self.hosts = list(hosts)
         self.port = port
+        self.env = dict(os.environ if env is None else env)
         self._lock = threading.Lock()
         self.log: Any = open(tmp_path / "output.txt", "a")  # noqa: SIM115 - written as lines come
         self._readers: list[threading.Thread] = []
@@ -153,7 +157,7 @@ class Job:
                 "--main-address", self.hosts[0].address, "--main-port", str(self.port),
             ]  # fmt: skip
         command = [*command, "train.py", str(self.out)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**self.env, "OMP_NUM_THREADS": "1"}
         options: dict[str, Any] = {
             "cwd": self.tmp_path, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True
         }  # fmt: skip
@@ -286,3 +290,24 @@ class Job:
             int(path.name.split("-")[0][len("group") :]): torch.load(path)
             for path in sorted(self.out.glob("group*-rank0-*.pt"))
         }
+
+
+def kill_one_of_two_groups_and_check_it_heals(job: Job, park_at: int) -> None:
+    """For a job of two groups started with ``park_at``: kill group 1's
+    rank 0 at that step, let the job run on and end, and check that group
+    1 alone was started again and healed from group 0 (one load, at the
+    job's step, no checkpoint), both end alike, and no step diverged."""
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, f"group 1 at step {park_at}")
+    os.kill(int(victim_file.read_text()), signal.SIGKILL)
+    job.wait_for(lambda: len(job.pids(1)) == 2, "group 1 training again")
+    job.stop_after(5)
+    assert job.finish() == 0, job.output
+    assert len(job.pids(0)) == 1, job.output  # never restarted
+    assert "replica group 1 failed (a rank was killed by SIGKILL)" in job.output
+    ends = job.ends()
+    assert sorted(ends) == [0, 1], job.output
+    assert all(a.equal(b) for a, b in zip(ends[0]["weights"], ends[1]["weights"], strict=True))
+    assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= park_at, ends[1]["loads"]
+    assert [ends[group]["restarts"] for group in (0, 1)] == [0, 1]
+    assert not job.diverged(), job.diverged()

@@ -161,6 +161,56 @@ def test_the_lighthouses_process_killed_takes_every_group_with_it(tmp_path):
     assert processes_of(job) == [], "processes of the job outlived phalanx run"
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_lighthouse_run_elsewhere_carries_the_quorum_and_its_loss_is_a_named_error(tmp_path):
+    # TorchFT's own lighthouse binary, as an operator runs it beside a job:
+    # phalanx run --lighthouse URL starts none of its own and every group
+    # asks that one; when it dies, every group stops with NoQuorumError
+    # within quorum_timeout and phalanx run ends, nothing left behind.
+    port = free_port()
+    binary = Path(sys.executable).parent / "torchft_lighthouse"
+    log = open(tmp_path / "lighthouse.txt", "w")  # noqa: SIM115 - the lighthouse writes it while it runs
+    lighthouse = subprocess.Popen(
+        [str(binary), "--bind", f"127.0.0.1:{port}", "--min_replicas", "2", "--join_timeout_ms", "200",
+         "--quorum_tick_ms", "50", "--heartbeat_timeout_ms", "1000"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "info"},
+    )  # fmt: skip
+    try:
+        job = Job(
+            tmp_path, "--devices", "1", "--replica-groups", "2", "--max-restarts", "0",
+            "--lighthouse", f"http://127.0.0.1:{port}", "-o", "quorum_timeout=3",
+        )  # fmt: skip
+        job.wait_for(
+            lambda: {s[0] for s in job.steps if s[3] >= 3 and s[5] == 2} == {0, 1}, "both groups at step 3"
+        )
+        # The quorums are that process's: its log names them.
+        assert "Valid quorum found [2/2 participants healthy]" in (tmp_path / "lighthouse.txt").read_text()
+        before = max(s[3] for s in job.steps)
+        lighthouse.kill()
+        lighthouse.wait(10)
+        code = job.finish(timeout=120)
+        output = job.output
+        assert code != 0, output
+        for group in (0, 1):
+            assert f"NoQuorumError: replica group {group}: no quorum for step" in output, output
+            assert f"lighthouse at http://127.0.0.1:{port} in time" in output, output
+        # No step was committed long after the loss: the groups stopped.
+        assert max(s[3] for s in job.steps if s[4]) <= before + 5, output
+        assert processes_of(job) == [], "processes of the job outlived phalanx run"
+    finally:
+        if lighthouse.poll() is None:
+            lighthouse.kill()
+            lighthouse.wait(10)
+        log.close()
+
+
 def test_the_replica_groups_options_are_checked():
     with pytest.raises(MisconfigurationError, match=r"min_replicas=3 is more than replica_groups=2"):
         phalanx.resolve("ddp_ft", accelerator="cpu", replica_groups=2, min_replicas=3)
@@ -184,6 +234,42 @@ def test_the_replica_groups_options_are_checked():
         ReplicaGroupsLauncher(num_nodes=3, node_rank=0, replica_groups=4)
     with pytest.raises(MisconfigurationError, match=r"lighthouse='node0:29510'; give a running TorchFT"):
         phalanx.resolve("ddp_ft", accelerator="cpu", lighthouse="node0:29510")
+
+
+SRUN_STEP = {  # node 1 of an srun step of one task on each of two nodes, job 4321
+    "SLURM_JOB_ID": "4321", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "10.1.0.[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+}  # fmt: skip
+
+
+def test_under_srun_one_task_per_node_runs_the_launcher_with_slurms_layout(monkeypatch):
+    for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in SRUN_STEP.items():
+        monkeypatch.setenv(name, value)
+    plan = phalanx.plan("ddp_ft", accelerator="cpu", devices=2, num_nodes=2, replica_groups=4)
+    assert plan.environment.name == "slurm" and plan.launcher.name == "replica_groups"
+    assert "started one process per node" in plan.launcher.reason
+    launcher = phalanx.resolve("ddp_ft", accelerator="cpu", devices=2, num_nodes=2, replica_groups=4).launcher
+    assert isinstance(launcher, ReplicaGroupsLauncher)
+    assert launcher.node_rank == 1 and launcher.groups_here == range(2, 4)
+    assert launcher.num_processes == 2  # ranks per group: this launcher's to start
+    assert launcher._main() == (
+        "10.1.0.1",
+        14321,
+    )  # node 0: the step's first node; 10000 + the job id's digits
+    # Two tasks per node: srun started the ranks' count, not one agent per node.
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)")
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"started 4 process\(es\) for num_nodes=2: start one process per node \(srun --ntasks-per-node=1",
+    ):
+        phalanx.resolve("ddp_ft", accelerator="cpu", devices=2, num_nodes=2, replica_groups=4)
+    # Inside a group's rank (torch elastic's): the ranks run in place.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "phalanx-group-1")
+    assert phalanx.plan("ddp_ft", accelerator="cpu", devices=1).launcher.name == "in_process"
 
 
 def test_a_main_address_on_loopback_is_refused_on_several_hosts(monkeypatch):

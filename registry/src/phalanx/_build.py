@@ -16,7 +16,7 @@ from phalanx_core.specs import Kind, StrategySpec
 from ._entry import Catalog, Entry
 from ._flags import INTERFACES
 from ._plan import Choice, Plan
-from ._resolve import _check_external_world, _external_world
+from ._resolve import _check_external_world, _external_world, runs_per_node
 from ._similar import close_matches as _close_matches
 
 __all__ = ["build"]
@@ -189,18 +189,30 @@ def build(registry: Catalog, plan: Plan) -> Strategy:
     accelerator = _construct(targets[Kind.ACCELERATOR], acc, options[Kind.ACCELERATOR])
     devices = plan.devices
     environment = _construct(targets[Kind.ENVIRONMENT], env, options[Kind.ENVIRONMENT])
+    found = targets[Kind.LAUNCHER]
+    # A launcher run once per node by a scheduler (srun --ntasks-per-node=1)
+    # starts the node's ranks: the scheduler's processes are one per node.
+    per_node = found is not None and runs_per_node(found[1], type(environment))
     if isinstance(spec, StrategySpec) and not spec.parallel and devices in ("auto", -1, "-1"):
         devices = 1
-    elif devices in ("auto", -1, "-1"):
+    elif devices in ("auto", -1, "-1") and not per_node:
         # Inside processes torchrun / srun / mpirun started, 'auto' is what
         # they started on this node (not the accelerator's own count).
         devices = _external_world(environment, plan.num_nodes) or devices
     parallel_devices = accelerator.parallel_devices(devices)
-    environment.validate(num_devices=len(parallel_devices), num_nodes=plan.num_nodes)
-    _check_external_world(environment, len(parallel_devices), plan.num_nodes)
+    started = 1 if per_node else len(parallel_devices)
+    if per_node and environment.world_size != plan.num_nodes:
+        raise MisconfigurationError(
+            f"launcher {launch.name!r} runs once on each node and starts that node's "
+            f"{len(parallel_devices)} rank(s) itself, but environment {env.name!r} started "
+            f"{environment.world_size} process(es) for num_nodes={plan.num_nodes}: start one process per "
+            "node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node), or set num_nodes to the nodes "
+            "it started them on"
+        )
+    environment.validate(num_devices=started, num_nodes=plan.num_nodes)
+    _check_external_world(environment, started, plan.num_nodes)
     precision = _construct(targets[Kind.PRECISION], prec, options[Kind.PRECISION], accelerator=accelerator)
     collective = _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
-    found = targets[Kind.LAUNCHER]
     takes_accelerator = found is not None and "accelerator" in (_accepted_options(found[1]) or ())
     launcher = _construct(
         found,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from phalanx_core import (
+    Launcher,
     MisconfigurationError,
     PhalanxError,
     Strategy,
@@ -271,6 +272,24 @@ def _launcher_spec(choice: Choice) -> LauncherSpec | None:
     return choice.spec if isinstance(choice.spec, LauncherSpec) else None
 
 
+def runs_per_node(launcher_class: type[Launcher], env_class: type[Any]) -> bool:
+    """Whether the launcher runs once per node where ``env_class`` (a
+    scheduler's) started one process per node, and starts the node's ranks
+    (:meth:`~phalanx_core.Launcher.runs_per_node`), rather than running in
+    the processes it started."""
+    return bool(
+        getattr(env_class, "creates_processes_externally", False)
+        and launcher_class.runs_per_node(env_class)
+        and not launcher_class.runs_in_existing_processes(env_class)
+    )
+
+
+#: Why a launcher that starts processes is kept where a scheduler started them.
+_PER_NODE = (
+    "environment {!r} started one process per node, and this launcher runs in it and starts the node's ranks"
+)
+
+
 def _pick_launcher(
     registry: Catalog, flag: Any, default: str, environment: Choice, strategy: Choice
 ) -> Choice:
@@ -287,6 +306,8 @@ def _pick_launcher(
             if choice.instance is not None
             else registry.get(Kind.LAUNCHER, _qualified(choice)).load()
         )
+        if runs_per_node(launcher_class, env_class):
+            return dataclasses.replace(choice, reason=f"asked for; {_PER_NODE.format(environment.name)}")
         if launcher_class.runs_in_existing_processes(env_class):
             if launcher_class.creates_processes:
                 reason = f"asked for; it runs fn in the processes {environment.name!r} already started"
@@ -307,6 +328,8 @@ def _pick_launcher(
         )
     entry = _default_entry(registry, Kind.LAUNCHER, default, strategy)
     if external and isinstance(entry.spec, LauncherSpec) and entry.spec.creates_processes:
+        if env_class is not None and runs_per_node(entry.load(), env_class):
+            return _choice(entry, f"the strategy's default; {_PER_NODE.format(environment.name)}")
         passive = sorted(
             (
                 e

@@ -24,6 +24,14 @@ host is given ``lighthouse=URL`` of one that runs elsewhere). A group's
 store and its ranks' gloo then listen on the address this host reaches the
 lighthouse from, not on ``127.0.0.1``: TorchFT's groups meet in one
 group's store, and heal over gloo, across hosts.
+
+Under a scheduler that started one process per node (``srun
+--ntasks-per-node=1 phalanx run --strategy ddp_ft --num-nodes N ...``,
+``mpirun --map-by ppr:1:node``), ``phalanx run`` runs as this launcher in
+each of them (:meth:`runs_per_node`): the scheduler's environment gives
+the node rank and node 0's address and port, and each node starts its
+groups as above. The scheduler starts nothing again: a failed group is
+this launcher's to restart.
 """
 
 from __future__ import annotations
@@ -207,6 +215,13 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 f"else the step waits. Checked every {self.quorum_tick:g} s (quorum_tick)"
             ),
         }
+
+    @classmethod
+    def runs_per_node(cls, environment: type[Any]) -> bool:
+        """Yes outside the groups' ranks (which torch elastic's agent
+        started): a scheduler's process on each node runs this launcher,
+        which starts that node's groups."""
+        return not os.environ.get("TORCHELASTIC_RUN_ID")
 
     def launch(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
         if os.environ.get("TORCHELASTIC_RUN_ID"):
