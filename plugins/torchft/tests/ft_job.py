@@ -30,7 +30,15 @@ SCRIPT = textwrap.dedent(
     stop = None  # the step every group stops at, once the test writes it
     # The step at which group 1's rank 0 stops, its batch in hand, to be killed.
     park = int((out / "park-at").read_text()) if (out / "park-at").exists() else None
-    strategy = phalanx.resolve()
+    options = {}
+    if (out / "fsdp-options").exists():  # hsdp_ft with FSDP's options that a command line cannot give
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        options = dict(
+            shard_modules={nn.Linear},
+            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+            cpu_offload=True,
+        )
+    strategy = phalanx.resolve(**options)
     strategy.launch()
     torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
     loads = []
@@ -116,6 +124,7 @@ class Job:
         *flags: str,
         strategy: str = "ddp_ft",
         park_at: int | None = None,
+        fsdp_options: bool = False,
         hosts: Sequence[Any] = (),
         port: int = 29640,
         launch: Sequence[str] = (),
@@ -127,6 +136,8 @@ class Job:
         self.out.mkdir()
         if park_at is not None:
             (self.out / "park-at").write_text(str(park_at))
+        if fsdp_options:  # shard each Linear, bf16 parameters, offloaded to CPU memory
+            (self.out / "fsdp-options").write_text("")
         self.lines: list[str] = []
         # (group, rank, pid, step, committed, participants, t, participating, sum of squares)
         self.steps: list[tuple[int, int, int, int, bool, int, float, bool, str]] = []

@@ -34,11 +34,16 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "devices"),
-    [("ddp_ft", 1), ("ddp_ft", 2), ("hsdp_ft", 2)],
-    ids=["ddp_ft-1", "ddp_ft-2", "hsdp_ft-2"],
+    ("strategy", "devices", "fsdp_options"),
+    [("ddp_ft", 1, False), ("ddp_ft", 2, False), ("hsdp_ft", 2, False), ("hsdp_ft", 2, True)],
+    ids=["ddp_ft-1", "ddp_ft-2", "hsdp_ft-2", "hsdp_ft-2-units-bf16-offload"],
 )
-def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, strategy, devices):
+def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
+    tmp_path, strategy, devices, fsdp_options
+):
+    # hsdp_ft-2-units-bf16-offload: each Linear its own FSDP unit
+    # (shard_modules), bf16 parameters with float32 reductions (mp_policy),
+    # parameters and optimizer state in CPU memory (cpu_offload).
     job = Job(
         tmp_path,
         "--devices",
@@ -49,6 +54,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(tmp_path, st
         "1",
         strategy=strategy,
         park_at=10,
+        fsdp_options=fsdp_options,
     )
     # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
     victim_file = job.out / "victim"
@@ -226,8 +232,10 @@ def test_the_replica_groups_options_are_checked():
         phalanx.resolve("ddp_ft", accelerator="cpu", static_graph=True)
     with pytest.raises(MisconfigurationError, match=r"strategy 'hsdp_ft': quorum_timeout=-2; expected"):
         phalanx.resolve("hsdp_ft", accelerator="cpu", quorum_timeout=-2)
-    with pytest.raises(MisconfigurationError, match=r"state_dict_type='both'"):  # fsdp's own options
-        phalanx.resolve("hsdp_ft", accelerator="cpu", state_dict_type="both")
+    with pytest.raises(MisconfigurationError, match=r"strategy 'hsdp_ft': state_dict_type='both'"):
+        phalanx.resolve("hsdp_ft", accelerator="cpu", state_dict_type="both")  # fsdp's own options
+    with pytest.raises(MisconfigurationError, match=r"strategy 'hsdp_ft': cpu_offload=3; give True"):
+        phalanx.resolve("hsdp_ft", accelerator="cpu", cpu_offload=3)
     with pytest.raises(
         MisconfigurationError, match=r"replica_groups=4 on num_nodes=3 hosts: .* multiple of 3"
     ):

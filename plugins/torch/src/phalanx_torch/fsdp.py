@@ -91,6 +91,8 @@ class FSDPStrategy(TorchGroupStrategy):
 
     #: fully_shard gathers parameters (all_gather, into one flat buffer) and
     #: reduce-scatters gradients; a gradient norm over shards is an all_reduce.
+    #: The name in messages (a subclass registered under another name has its own).
+    name: ClassVar[str] = "fsdp"
     traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter", "all_reduce"})
 
     def __init__(
@@ -106,28 +108,28 @@ class FSDPStrategy(TorchGroupStrategy):
         super().__init__(**parts)
         if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
             raise MisconfigurationError(
-                f"strategy 'fsdp': reshard_after_forward={reshard_after_forward!r}; give True (free the "
-                "gathered parameters after each forward), False (keep them until backward) or None "
+                f"strategy {self.name!r}: reshard_after_forward={reshard_after_forward!r}; give True "
+                "(free the gathered parameters after each forward), False (keep them until backward) or None "
                 "(the default: True for every unit but the root)"
             )
         if not isinstance(cpu_offload, bool):
             raise MisconfigurationError(
-                f"strategy 'fsdp': cpu_offload={cpu_offload!r}; give True (sharded parameters, gradients "
-                "and optimizer state in CPU memory) or False (on the device, the default)"
+                f"strategy {self.name!r}: cpu_offload={cpu_offload!r}; give True (sharded parameters, "
+                "gradients and optimizer state in CPU memory) or False (on the device, the default)"
             )
         if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
             raise MisconfigurationError(
-                f"strategy 'fsdp': mp_policy={mp_policy!r} ({type(mp_policy).__name__}); give a "
+                f"strategy {self.name!r}: mp_policy={mp_policy!r} ({type(mp_policy).__name__}); give a "
                 "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) or None"
             )
         if not isinstance(state_dict_type, str) or state_dict_type not in STATE_DICT_TYPES:
             raise MisconfigurationError(
-                f"strategy 'fsdp': state_dict_type={state_dict_type!r}; give "
+                f"strategy {self.name!r}: state_dict_type={state_dict_type!r}; give "
                 + " or ".join(f"{name!r} ({what})" for name, what in STATE_DICT_TYPES.items())
             )
         self.reshard_after_forward = reshard_after_forward
         self.shard_modules = shard_modules
-        self._shard_rule = _shard_rule(shard_modules)
+        self._shard_rule = _shard_rule(shard_modules, self.name)
         self.cpu_offload = cpu_offload
         self.mp_policy = mp_policy
         self.state_dict_type = state_dict_type
@@ -156,7 +158,7 @@ class FSDPStrategy(TorchGroupStrategy):
         for position, optimizer in enumerate(optimizers, start=1):
             if hasattr(optimizer, "step") and not isinstance(optimizer, type):  # a class is a factory
                 raise MisconfigurationError(
-                    f"strategy 'fsdp': setup(module, ...) got an optimizer instance "
+                    f"strategy {self.name!r}: setup(module, ...) got an optimizer instance "
                     f"({type(optimizer).__name__}) as optimizer {position}. fsdp replaces the module's "
                     "parameters by sharded ones, and an optimizer made before holds the old ones. Pass a "
                     "factory instead, which is called with the sharded parameters: "
@@ -173,7 +175,7 @@ class FSDPStrategy(TorchGroupStrategy):
             return super().module_to_device(module)
         if elsewhere:
             raise MisconfigurationError(
-                f"strategy 'fsdp': setup(module) got a module partly on the meta device "
+                f"strategy {self.name!r}: setup(module) got a module partly on the meta device "
                 f"({some(on_meta)}) and partly not ({some(elsewhere)}). Create the whole model inside "
                 "strategy.module_init_context(), or none of it"
             )
@@ -186,12 +188,12 @@ class FSDPStrategy(TorchGroupStrategy):
         self._require_group("fsdp", "setup(module)")
         if isinstance(module, FSDPModule):
             raise MisconfigurationError(
-                f"strategy 'fsdp': setup(module) got a module that is already sharded "
+                f"strategy {self.name!r}: setup(module) got a module that is already sharded "
                 f"({type(module).__name__}); set up each module once, and keep the module setup() returned"
             )
         on_meta = bool(_split_by_meta(module)[0])
         if on_meta and not self._uninitialised_allowed:
-            _refuse_uninitialisable(module)
+            _refuse_uninitialisable(module, self.name)
         device = torch.device(self.root_device)
         mesh = self.device_mesh(device.type)
         offload: OffloadPolicy = (
@@ -265,8 +267,8 @@ class FSDPStrategy(TorchGroupStrategy):
             return contextlib.nullcontext()
         if not isinstance(module, FSDPModule):
             raise MisconfigurationError(
-                f"strategy 'fsdp': no_backward_sync() needs the module returned by strategy.setup() (a "
-                f"module sharded by fully_shard); got {type(module).__name__}"
+                f"strategy {self.name!r}: no_backward_sync() needs the module returned by strategy.setup() "
+                f"(a module sharded by fully_shard); got {type(module).__name__}"
             )
         return _without_gradient_sync(module)
 
@@ -347,7 +349,9 @@ class FSDPStrategy(TorchGroupStrategy):
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _shard_rule(shard_modules: Any) -> tuple[type[nn.Module], ...] | Callable[[nn.Module], Any]:
+def _shard_rule(
+    shard_modules: Any, strategy: str
+) -> tuple[type[nn.Module], ...] | Callable[[nn.Module], Any]:
     """``shard_modules`` as a tuple of module classes or a callable, or the
     error saying what it may be. (Kept as data, not as a closure: the
     strategy is pickled to spawned ranks.)"""
@@ -361,9 +365,9 @@ def _shard_rule(shard_modules: Any) -> tuple[type[nn.Module], ...] | Callable[[n
     elif callable(shard_modules):
         return shard_modules  # type: ignore[no-any-return]
     raise MisconfigurationError(
-        f"strategy 'fsdp': shard_modules={shard_modules!r}; give None (shard the root module only), a module "
-        "class or a set of them ({torch.nn.TransformerEncoderLayer}: every submodule of these classes is "
-        "its own unit), or a callable that takes a submodule and returns True to shard it"
+        f"strategy {strategy!r}: shard_modules={shard_modules!r}; give None (shard the root module only), "
+        "a module class or a set of them ({torch.nn.TransformerEncoderLayer}: every submodule of these "
+        "classes is its own unit), or a callable that takes a submodule and returns True to shard it"
     )
 
 
@@ -377,7 +381,7 @@ def _split_by_meta(module: nn.Module) -> tuple[list[str], list[str]]:
     return on_meta, elsewhere
 
 
-def _refuse_uninitialisable(module: nn.Module) -> None:
+def _refuse_uninitialisable(module: nn.Module, strategy: str) -> None:
     """Refuse a module on the meta device with parameters or buffers that
     no ``reset_parameters()`` initialises."""
     missing = [
@@ -388,7 +392,7 @@ def _refuse_uninitialisable(module: nn.Module) -> None:
     ]
     if missing:
         raise MisconfigurationError(
-            "strategy 'fsdp': the module was created on the meta device (module_init_context()), and "
+            f"strategy {strategy!r}: the module was created on the meta device (module_init_context()), and "
             f"{some(missing)} belong to modules without a reset_parameters() method, so nothing could "
             "initialise them after sharding. Give those modules a reset_parameters() that initialises their "
             "own parameters and buffers, create the model with module_init_context(empty_init=False), or "
