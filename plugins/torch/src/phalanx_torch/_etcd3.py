@@ -251,13 +251,22 @@ class Etcd3:
         answer; the answer's JSON."""
         patience = getattr(_PATIENCE_HERE, "value", None) or self.patience
         deadline = time.monotonic() + patience
+        # One member's turn: at most half the patience, so that a member whose
+        # host vanished without a word (no reset: the attempt waits its whole
+        # timeout) leaves time for the next. Elastic's heartbeat tries
+        # briefly (2 s) and drops a node whose heartbeat is 3 s old: with the
+        # full REQUEST_TIMEOUT, a heartbeat sent to a lost host's member
+        # missed that window, the node fell out of the running round, and
+        # waited for its ranks' collective (gloo: 30 minutes) instead of
+        # joining the next.
+        attempt = min(REQUEST_TIMEOUT, max(1.0, patience / 2))
         last = ""
         renewed = False
         while True:
             member = self._member()
             sent = self._sent_token(path)
             try:
-                connection, response = self._once(member, path, body, REQUEST_TIMEOUT, sent)
+                connection, response = self._once(member, path, body, attempt, sent)
                 try:
                     text = response.read()
                 finally:
