@@ -86,7 +86,10 @@ SCRIPT = textwrap.dedent(
                 and not victim.exists():
             (out / "victim.tmp").write_text(str(os.getpid()))
             (out / "victim.tmp").rename(victim)
-            time.sleep(120)  # the test kills this process here, its batch in hand
+            for _ in range(1200):  # the test kills this process here, its batch in hand, or wakes it
+                if (out / "wake").exists():
+                    break
+                time.sleep(0.1)
         loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
         time.sleep(0.1)
         strategy.backward(loss)
@@ -321,4 +324,37 @@ def kill_one_of_two_groups_and_check_it_heals(job: Job, park_at: int) -> None:
     assert all(a.equal(b) for a, b in zip(ends[0]["weights"], ends[1]["weights"], strict=True))
     assert len(ends[1]["loads"]) == 1 and ends[1]["loads"][0] >= park_at, ends[1]["loads"]
     assert [ends[group]["restarts"] for group in (0, 1)] == [0, 1]
+    assert not job.diverged(), job.diverged()
+
+
+def a_late_group_once_the_job_has_finished(job: Job, groups: int, kill: bool) -> None:
+    """For a job of ``groups`` groups started with ``park_at``: let the
+    others end while group 1 is parked, then kill group 1's rank 0 (or
+    wake it: it goes on with its step); check that group 1 trains no
+    further and is not started again (it could heal from no one), that
+    every ``phalanx run`` ends with 0, and that the others ended alike."""
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 parked")
+    job.stop_after(3)
+    others = [group for group in range(groups) if group != 1]
+    job.wait_for(lambda: all(f"DONE group={g} " in job.output for g in others), "the other groups' end")
+    ranks = [int(m) for m in re.findall(r"DONE group=\d+ rank=\d+ pid=(\d+)", job.output)]
+    job.wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), "their ranks' end")
+    if kill:
+        os.kill(int(victim_file.read_text()), signal.SIGKILL)
+    else:
+        (job.out / "wake").write_text("")
+    assert job.finish() == 0, job.output
+    output = job.output
+    assert job.codes == [0] * len(job.processes), (job.codes, output)
+    if not kill or "starting it again" in output:  # restarted before its host knew of the end
+        assert "JobFinishedError: replica group 1: the job has finished (replica group " in output, output
+    assert "replica group 1 failed (" in output and "had ended the job; not started again" in output, output
+    # Nothing committed from step 10 on (woken, its step 10's all-reduce
+    # finds its peers gone, and its step 11's quorum stops it).
+    assert [s for s in job.steps if s[0] == 1 and s[3] >= 10 and s[4]] == [], output
+    ends = job.ends()
+    assert sorted(ends) == others, output
+    first = ends[others[0]]["weights"]
+    assert all(all(a.equal(b) for a, b in zip(first, ends[g]["weights"], strict=True)) for g in others)
     assert not job.diverged(), job.diverged()

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job
+from ft_job import Job, a_late_group_once_the_job_has_finished
 from phalanx_torchft.launcher import ReplicaGroupsLauncher
 
 import phalanx
@@ -135,6 +135,31 @@ def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finis
     assert code == 128 + signal.SIGKILL, output
     assert "replica group 0 failed 1 time(s), more than max_restarts=0" in output
     assert sorted(job.ends()) == [1]  # group 1 trained to the end alone
+
+
+def test_a_group_late_for_the_jobs_end_stops_and_is_not_started_again(tmp_path):
+    # Woken after the others ended, group 1 finds the job finished at its
+    # step's quorum: it stops rather than train alone (JobFinishedError),
+    # and is not started again: it would find no peer to heal from.
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", park_at=10)
+    a_late_group_once_the_job_has_finished(job, groups=3, kill=False)
+
+
+def test_node_0_says_which_port_it_needs_when_the_one_after_the_main_port_is_taken(tmp_path):
+    import socket
+
+    from phalanx_torchft._end import JobEnd
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        end = JobEnd(0, 2, "127.0.0.1", port, "127.0.0.1", tmp_path / "finished")
+        with pytest.raises(
+            MisconfigurationError, match=rf"cannot listen on 127.0.0.1:{port}, the port after"
+        ):
+            end.start()
+        end.close()
 
 
 def processes_of(job: Job) -> list[int]:

@@ -6,6 +6,7 @@ lost group, back, heals from a peer."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job
+from ft_job import Job, a_late_group_once_the_job_has_finished
 
 from phalanx_core.testing.hosts import TestBed, missing
 
@@ -139,3 +140,13 @@ def test_the_lighthouses_host_lost_stops_every_group_with_a_named_error(bed, tmp
     late = [s for s in job.steps if s[6] > lost_at + 2.0 and s[4]]
     assert not late, (late, output)
     assert not job.diverged(), (job.diverged(), output)
+
+
+def test_node_0_keeps_the_lighthouse_until_the_other_hosts_groups_have_ended(bed, tmp_path):
+    # Node 0's groups end first; node 1's group, late, fails afterwards:
+    # the lighthouse is still there, and node 1 does not start the group
+    # again (no peer to heal from), so every host ends with 0.
+    job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", hosts=bed.hosts, park_at=10)
+    a_late_group_once_the_job_has_finished(job, groups=3, kill=True)
+    said = re.search(r"the lighthouse stays until the groups of node\(s\) 1(, 2)? have ended", job.output)
+    assert said, job.output

@@ -15,6 +15,6 @@ Importing this package imports neither torch nor torchft.
 from __future__ import annotations
 
 from ._loader import QuorumLoader
-from .errors import NoQuorumError
+from .errors import JobFinishedError, NoQuorumError
 
-__all__ = ["NoQuorumError", "QuorumLoader"]
+__all__ = ["JobFinishedError", "NoQuorumError", "QuorumLoader"]

@@ -13,6 +13,9 @@ REPLICA_GROUP_VAR = "PHALANX_REPLICA_GROUP"
 REPLICA_GROUPS_VAR = "PHALANX_REPLICA_GROUPS"
 #: The fewest groups a step may have (the launcher's ``min_replicas``).
 MIN_REPLICAS_VAR = "PHALANX_MIN_REPLICAS"
+#: A file that exists once the job has finished (a group ended its script):
+#: a group that gets a quorum after that stops (launcher 'replica_groups').
+FINISHED_FILE_VAR = "PHALANX_JOB_FINISHED"
 #: TorchFT's own variable: the lighthouse's URL.
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
 #: The names TorchFT's examples use where torchrun starts each group.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from phalanx_core import PhalanxError
 
-__all__ = ["NoQuorumError"]
+__all__ = ["JobFinishedError", "NoQuorumError"]
 
 
 class NoQuorumError(PhalanxError, TimeoutError):
@@ -13,3 +13,11 @@ class NoQuorumError(PhalanxError, TimeoutError):
     asks it for the group, is gone). The group's ranks stop with it; the
     launcher starts the group again, and it heals from a peer once the
     lighthouse answers."""
+
+
+class JobFinishedError(PhalanxError):
+    """A replica group got a quorum after the job had finished (another
+    group ended its script): it was started again too late to heal from a
+    peer, and stops instead of training alone from its own step. Launcher
+    ``replica_groups`` does not start it again; the job's result is in the
+    groups that ended."""

@@ -40,9 +40,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -57,7 +59,14 @@ from phalanx_core.launching import (
 from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
 
-from ._variables import LIGHTHOUSE_VAR, MIN_REPLICAS_VAR, REPLICA_GROUP_VAR, REPLICA_GROUPS_VAR
+from ._end import JobEnd
+from ._variables import (
+    FINISHED_FILE_VAR,
+    LIGHTHOUSE_VAR,
+    MIN_REPLICAS_VAR,
+    REPLICA_GROUP_VAR,
+    REPLICA_GROUPS_VAR,
+)
 
 __all__ = ["ReplicaGroupsLauncher"]
 
@@ -156,6 +165,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         self.lighthouse_url: str | None = None
         #: The address this host's groups listen on while a job runs.
         self.group_address = LOOPBACK
+        #: The file that exists once this host knows the job has finished.
+        self.finished_marker: Path | None = None
 
     @property
     def groups_here(self) -> range:
@@ -172,7 +183,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "which TorchFT 0.2 binds so with no option to narrow it"
             )
         return (
-            "node 0: the lighthouse at the main address and port (unless lighthouse=URL is given); "
+            "node 0: the lighthouse at the main address and port, and a store at the main port + 1 "
+            "where the hosts say that the job has ended (neither where lighthouse=URL is given); "
             "every node: each group's store and its ranks' gloo (healing transfers included) on the "
             "address that reaches the lighthouse; every interface ([::]): TorchFT's manager server "
             "(each group's rank 0), which TorchFT 0.2 binds so with no option to narrow it"
@@ -196,8 +208,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             main, port = self._main()
             lighthouse = (
                 f"TorchFT's, in node 0's phalanx run process at {main}:{port} (the main address and "
-                "port); if node 0's host is lost, every other group stops with NoQuorumError within "
-                "the strategy's quorum_timeout"
+                "port), kept until every host's groups have ended (node 0 hears of their end at port "
+                f"{port + 1}); if node 0's host is lost, every other group stops with NoQuorumError "
+                "within the strategy's quorum_timeout"
             )
         return {
             "groups": (
@@ -239,6 +252,13 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         stopped by a signal (every group is stopped first)."""
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
         server = self._start_lighthouse()
+        main, port = self._main()
+        shared = self.num_nodes > 1 and self.lighthouse is None  # node 0 hosts the lighthouse
+        marker = Path(tempfile.mkdtemp(prefix="phalanx-replica-groups-")) / "finished"
+        end = JobEnd(
+            self.node_rank, self.num_nodes, main if shared else None, port + 1, self.group_address, marker
+        )
+        self.finished_marker = marker
         groups = [_Group(index, self, list(command)) for index in self.groups_here]
         stopped: list[int] = []
         previous = {
@@ -246,9 +266,13 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             for number in (signal.SIGTERM, signal.SIGHUP)
         }
         try:
+            end.start()
             for group in groups:
                 group.start()
-            failed = self._watch(groups, stopped)
+            failed = self._watch(groups, stopped, end)
+            end.host_ended()
+            if not stopped:
+                end.wait_for_other_hosts(_say, stopped)
         except KeyboardInterrupt:
             stopped.append(signal.SIGINT)
             failed = None
@@ -256,6 +280,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             stop_processes([g.process for g in groups if g.process is not None], grace=STOP_GRACE)
             for group in groups:
                 group.join_output()
+            end.close()
+            marker.parent.rmdir()
             if server is not None:
                 server.shutdown()
             self.lighthouse_url = None
@@ -332,9 +358,11 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             )
         return source
 
-    def _watch(self, groups: list[_Group], stopped: list[int]) -> _Group | None:
+    def _watch(self, groups: list[_Group], stopped: list[int], end: JobEnd) -> _Group | None:
         """Restart failed groups until every group has ended; the group
-        that failed past its restarts, if one did."""
+        that failed past its restarts, if one did. Once the job has
+        finished (a group ended with status 0, here or on another host), a
+        group that fails is not started again (see :mod:`._end`)."""
         given_up: _Group | None = None
         running = {group.index: group for group in groups}
         while running and not stopped:
@@ -345,6 +373,14 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                     continue
                 if status == 0:
                     del running[index]
+                    end.group_ended(index)
+                elif (finisher := end.finished()) is not None:
+                    del running[index]
+                    _say(
+                        f"phalanx run: replica group {index} failed ({group.say_status()}) after group "
+                        f"{finisher} had ended the job; not started again: it would find no peer to heal "
+                        "from, and the job's result is in the groups that ended"
+                    )
                 elif group.restarts < self.max_restarts:
                     group.restarts += 1
                     _say(
@@ -355,9 +391,10 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 else:
                     del running[index]
                     given_up = given_up or group
+                    others = "the other groups go on without it" if running else "no group here is left"
                     _say(
                         f"phalanx run: replica group {index} failed ({group.say_status()}) and may not "
-                        f"start again (max_restarts={self.max_restarts}); the other groups go on without it"
+                        f"start again (max_restarts={self.max_restarts}); {others}"
                     )
         return given_up
 
@@ -385,6 +422,7 @@ class _Group:
             REPLICA_GROUPS_VAR: str(launcher.replica_groups),
             LIGHTHOUSE_VAR: str(launcher.lighthouse_url),
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
+            FINISHED_FILE_VAR: str(launcher.finished_marker),
             # strategy.restart_count in the group's ranks: this group's restarts.
             RESTART_COUNT_VAR: str(self.restarts),
             # The group's ranks are a one-node job, whatever --num-nodes says.

@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -17,8 +18,8 @@ from phalanx_core.launching import before_threads_join
 from phalanx_torch.strategies import DDPStrategy
 
 from ._loader import QuorumLoader
-from ._variables import LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
-from .errors import NoQuorumError
+from ._variables import FINISHED_FILE_VAR, LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
+from .errors import JobFinishedError, NoQuorumError
 
 __all__ = ["DDPFTStrategy", "FaultTolerant"]
 
@@ -84,6 +85,7 @@ class FaultTolerant:
         self._manager: Any = None
         self._step_open = False  # a quorum was asked for and the step not yet committed
         self._verdict: bool | None = None  # should_commit()'s answer for the step
+        self._quorum_seen = False  # the open step's quorum came (and the job's end was checked)
         self._registered = 0
         self._setups = 0  # setup() calls: each makes the groups alike in a step of its own
         self._loaders: list[QuorumLoader] = []
@@ -151,6 +153,20 @@ class FaultTolerant:
                 "starts it again (--max-restarts), and it heals from a peer once a quorum forms. "
                 f"quorum_timeout={self.quorum_timeout:g} s is how long a step waits"
             ) from None
+        if self._quorum_seen:
+            return
+        self._quorum_seen = True
+        # Checked once a step, as its quorum comes: a group in step with
+        # the one that finished got its last quorum before that one ended.
+        finished = os.environ.get(FINISHED_FILE_VAR)
+        if finished and os.path.exists(finished):
+            group, _ = replica_group_of_this_process(f"strategy {self.name!r}")
+            raise JobFinishedError(
+                f"replica group {group}: the job has finished (replica group "
+                f"{Path(finished).read_text().strip()} ended its script) while this group still asks "
+                f"for quorums, at step {self.current_step}: it stops here rather than train on alone, "
+                "with no peer to heal from, and is not started again"
+            )
 
     @property
     def current_step(self) -> int:
@@ -420,6 +436,7 @@ class FaultTolerant:
         if not self._step_open:
             self.manager.start_quorum(timeout=timedelta(seconds=timeout or self.quorum_timeout))
             self._step_open = True
+            self._quorum_seen = False
             self._verdict = None
 
     def _commit(self) -> bool:

@@ -1,0 +1,218 @@
+"""How a ``replica_groups`` job ends: what this host's launcher knows of
+the other groups' end.
+
+The job is *finished* once any of its groups has ended with status 0: the
+groups train in lockstep, so that group holds the job's result, and the
+others end within a step of it. From then on a group that fails is not
+started again: alone, it would find no peer to heal from and train from its
+own step to the end by itself.
+
+On several hosts, node 0's launching process also hosts the lighthouse and
+must not take it away while another host's groups still train (they would
+end with ``NoQuorumError``, and fail past their restarts, in the job's last
+steps). So node 0 hosts a small store beside the lighthouse, at the main
+address and the main port + 1, in which
+
+* every launcher writes ``finished`` when one of its groups ended with 0,
+  and reads it before it starts a failed group again;
+* every other host's launcher counts a heartbeat each second while it runs
+  and writes ``ended`` once its groups have ended;
+* node 0, its own groups ended, keeps the lighthouse until every other host
+  has ended or has not counted a heartbeat for :data:`LOST_AFTER` seconds.
+
+A group started again just before the job finished may come up after it,
+with no peer to heal from. Each host's launcher writes a file once it knows
+the job finished (its path in the groups' ``PHALANX_JOB_FINISHED``); a rank
+that gets a quorum while that file exists stops with
+:class:`~phalanx_torchft.JobFinishedError` instead of training alone from
+its own step, and its group is not started again.
+
+If node 0's host is lost, so are the lighthouse and this store: the other
+hosts go on as the lighthouse's loss makes them (``NoQuorumError`` in each
+group, then their restarts run out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from phalanx_core import MisconfigurationError
+
+__all__ = ["JobEnd"]
+
+#: Seconds without a heartbeat after which node 0 stops waiting for a host.
+LOST_AFTER = 10.0
+#: Seconds between a host's heartbeats.
+BEAT = 1.0
+#: Seconds one store operation may take before it counts as failed.
+PATIENCE = 2.0
+_PREFIX = "phalanx/replica_groups/"
+_FINISHED = _PREFIX + "finished"
+
+
+class JobEnd:
+    """This host's view of whether the job has finished (see the module's
+    docstring). ``address``/``port``: node 0's store, as the other hosts
+    reach it (node 0 listens on ``listen``); unused on one host and where
+    ``address`` is ``None`` (a lighthouse run elsewhere: it outlives the
+    hosts, and only this host's own groups are known)."""
+
+    def __init__(
+        self, node_rank: int, num_nodes: int, address: str | None, port: int, listen: str, marker: Path
+    ) -> None:
+        #: The file that exists once this host knows the job has finished.
+        self.marker = marker
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
+        self.address = address
+        self.port = port
+        self.listen = listen
+        #: A group that ended with status 0, where this host knows of one.
+        self.finished_by: int | None = None
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._beating: threading.Thread | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.num_nodes > 1 and self.address is not None
+
+    def start(self) -> None:
+        """Node 0: host the store (a clear error where its port is taken).
+        Other nodes: connect to it and beat, in a thread of their own."""
+        if not self.shared:
+            return
+        if self.node_rank == 0:
+            from phalanx_core.launching import hosted_store  # imports torch
+
+            try:
+                self._store = hosted_store(
+                    self.listen, self.port, wait_for_workers=False, timeout=timedelta(seconds=PATIENCE)
+                )
+            except (OSError, RuntimeError) as exc:
+                raise MisconfigurationError(
+                    f"launcher 'replica_groups': node 0 cannot listen on {self.listen}:{self.port}, "
+                    f"the port after the main port, where the hosts tell each other that the job has "
+                    f"ended ({exc}); give a --main-port whose next port is free too"
+                ) from None
+        self._beating = threading.Thread(target=self._beat, name="phalanx-job-end", daemon=True)
+        self._beating.start()
+
+    def group_ended(self, index: int) -> None:
+        """Group ``index`` (of this host) ended with status 0."""
+        self._learned(index)
+        self._call(lambda store: store.set(_FINISHED, str(index)))
+
+    def finished(self) -> int | None:
+        """A group that ended with status 0, here or on another host (asked
+        of node 0's store now); ``None`` while none has, or where no host
+        can be asked."""
+        if self.finished_by is None:
+            self._ask()
+        return self.finished_by
+
+    def _ask(self) -> None:
+        found = self._call(lambda store: store.get(_FINISHED) if store.check([_FINISHED]) else None)
+        if found is not None:
+            self._learned(int(found))
+
+    def _learned(self, index: int) -> None:
+        if self.finished_by is not None:
+            return
+        self.finished_by = index
+        written = self.marker.with_name(self.marker.name + ".tmp")
+        written.write_text(f"{index}\n")
+        written.rename(self.marker)
+
+    def host_ended(self) -> None:
+        """Every group of this host has ended: say so to node 0 and stop
+        beating."""
+        self._stopping.set()
+        if self._beating is not None:
+            self._beating.join(timeout=PATIENCE + BEAT)
+        if self.node_rank != 0:
+            self._call(lambda store: store.set(f"{_PREFIX}ended/{self.node_rank}", "1"))
+
+    def wait_for_other_hosts(self, say: Any, stopped: list[int]) -> None:
+        """Node 0, its groups ended: return when every other host has ended
+        or is lost (no heartbeat for :data:`LOST_AFTER` s), or once
+        ``stopped`` (the signals this process was sent) is not empty."""
+        if not self.shared or self.node_rank != 0:
+            return
+        waiting = set(range(1, self.num_nodes))
+        beats = dict.fromkeys(waiting, -1)
+        changed = dict.fromkeys(waiting, time.monotonic())
+        said = False
+        while waiting and not stopped:
+            for node in sorted(waiting):
+                if self._store.check([f"{_PREFIX}ended/{node}"]):
+                    waiting.discard(node)
+                    continue
+                beat = self._store.add(f"{_PREFIX}beat/{node}", 0)
+                if beat != beats[node]:
+                    beats[node], changed[node] = beat, time.monotonic()
+                elif time.monotonic() - changed[node] > LOST_AFTER:
+                    say(f"phalanx run: node {node} silent for {LOST_AFTER:g} s; not waiting for it")
+                    waiting.discard(node)
+            if waiting and not said:
+                say(
+                    "phalanx run: this host's groups have ended; the lighthouse stays until the groups of "
+                    f"node(s) {', '.join(map(str, sorted(waiting)))} have ended"
+                )
+                said = True
+            if waiting:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            self._store = None
+        for path in (self.marker, self.marker.with_name(self.marker.name + ".tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def _beat(self) -> None:
+        """Count this host's heartbeats (not node 0's: it waits for the
+        others) and learn of the job's end, each :data:`BEAT` s."""
+        key = f"{_PREFIX}beat/{self.node_rank}"
+        while not self._stopping.is_set():
+            if self._connect():
+                if self.node_rank != 0:
+                    self._call(lambda store: store.add(key, 1))
+                if self.finished_by is None:
+                    self._ask()
+            self._stopping.wait(BEAT)
+
+    def _connect(self) -> bool:
+        with self._lock:
+            if self._store is not None:
+                return True
+        import torch.distributed as dist
+
+        try:
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                self.address, self.port, is_master=False, timeout=timedelta(seconds=PATIENCE)
+            )
+        except (OSError, RuntimeError):
+            return False  # node 0 not up yet, or lost: try again at the next beat
+        with self._lock:
+            self._store = store
+        return True
+
+    def _call(self, operation: Any) -> Any:
+        """``operation(store)``, or ``None`` where there is no store or it
+        failed (node 0 lost, or not reached yet)."""
+        with self._lock:
+            store = self._store
+        if store is None:
+            return None
+        try:
+            return operation(store)
+        except (OSError, RuntimeError):
+            return None
