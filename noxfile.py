@@ -274,14 +274,15 @@ def multihost(session: nox.Session) -> None:
     on two hosts, failures, plan mismatches and checkpoints across them,
     ``mpirun`` with an rsh agent that enters the namespaces, and a Slurm
     cluster with a slurmd per host; jobs that survive a lost host, with the
-    rendezvous on node 0 and in an etcd cluster (a member per host). Needs
+    rendezvous on node 0 and in an etcd cluster (a member per host);
+    ``ddp_ft`` under ``srun`` and ``mpirun`` on two hosts (TorchFT). Needs
     root; installs iproute2, OpenMPI, Slurm and etcd (Debian's etcd-server
     3.4, run without its v2 API, as etcd 3.6 always is). The tests make and
     remove the namespaces themselves."""
     apt_install(
         session, "iproute2", "openmpi-bin", "slurmd", "slurmctld", "slurm-client", "munge", "etcd-server"
     )
-    session.install("mpi4py>=3.1")
+    session.install("mpi4py>=3.1", TORCHFT)  # TorchFT: ddp_ft's groups under srun and mpirun on two hosts
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     install_packages(session)
     session.install("pytest>=8")

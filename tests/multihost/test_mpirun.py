@@ -23,6 +23,7 @@ fails (:class:`~phalanx_core.testing.hosts.TestBed`).
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,25 @@ def test_openmpi_beside_a_docker_bridge_stays_on_the_hosts_network(bed, run_node
     command, env = mpirun(bed, 2, *named, "-x", f"MASTER_ADDR={main}", job=("--collective", "mpi"))
     [run] = run_nodes(bed.hosts[:1], [command], env=env, timeout=120)
     check_job(run, bed, 2, "mpi")
+
+
+def test_ddp_ft_under_mpirun_on_two_hosts_restarts_a_killed_group_on_its_host(bed, tmp_path):
+    # mpirun starts one phalanx run per host (node1's through its rsh
+    # agent); MASTER_ADDR names node 0, whose phalanx run hosts the
+    # lighthouse. Group 1's rank (node 1) killed: node 1's phalanx run
+    # starts it again, and it heals from group 0 across the hosts.
+    from ft_job import Job, kill_one_of_two_groups_and_check_it_heals
+
+    launch = [
+        "mpirun", "--allow-run-as-root", "--bind-to", "none",
+        "--host", ",".join(f"{host.name}:1" for host in bed.hosts), "-np", str(len(bed.hosts)),
+        "--mca", "plm_rsh_agent", f"{sys.executable} {AGENT}",
+        "-x", f"MASTER_ADDR={bed.hosts[0].address}", "-x", "MASTER_PORT=29650",
+    ]  # fmt: skip
+    hosts = ",".join(f"{host.name}={host.namespace}" for host in bed.hosts)
+    job = Job(
+        tmp_path, "--devices", "1", "--replica-groups", "2", "--num-nodes", "2", "--max-restarts", "1",
+        park_at=6, launch=launch, env={**os.environ, "PHALANX_NETNS_HOSTS": hosts}, where=bed.hosts[0],
+    )  # fmt: skip
+    kill_one_of_two_groups_and_check_it_heals(job, park_at=6)
+    assert "[group0" in job.output and "[group1" in job.output, job.output

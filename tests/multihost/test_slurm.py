@@ -253,3 +253,20 @@ def test_srun_runs_one_job_across_two_hosts(slurm, bed, run_nodes, python, per_n
         assert r["ddp_grad"] == [float(world + 1)] * 4 and r["ddp_grads"] == [r["ddp_grad"]] * world, r
     assert {r["host"] for r in results} == {h.name for h in bed.hosts}, "the job did not span both hosts"
     assert len({r["slurm"]["SLURM_JOB_ID"] for r in results}) == 1, results
+
+
+@pytest.mark.parametrize("bed", ["192.168.77"], indirect=True)
+def test_ddp_ft_under_srun_on_two_hosts_restarts_a_killed_group_on_its_host(slurm, bed, tmp_path):
+    # srun -N2 starts one phalanx run per host: node 0's hosts the
+    # lighthouse and group 0, node 1's group 1. Group 1's rank killed: node
+    # 1's phalanx run starts it again (not Slurm), and it heals from group 0
+    # across the hosts.
+    from ft_job import Job, kill_one_of_two_groups_and_check_it_heals
+
+    srun = ["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    job = Job(
+        tmp_path, "--devices", "1", "--replica-groups", "2", "--num-nodes", "2", "--max-restarts", "1",
+        park_at=6, launch=srun, env=slurm.env(), where=bed.hosts[0],
+    )  # fmt: skip
+    kill_one_of_two_groups_and_check_it_heals(job, park_at=6)
+    assert "[group0" in job.output and "[group1" in job.output, job.output

@@ -48,16 +48,22 @@ SCRIPT = textwrap.dedent(
             loads.append(strategy.current_step)
             return super().load_state_dict(state, *args, **kwargs)
 
+    workers = int((out / "workers").read_text()) if (out / "workers").exists() else 0
+    readers = set()
+
     class Samples(Dataset):
         def __len__(self):
             return 120
 
         def __getitem__(self, i):
+            if os.getpid() not in readers:  # which processes read samples (the workers, if any)
+                readers.add(os.getpid())
+                (out / f"read-by-{os.getpid()}").write_text("")
             return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
 
     model = Model(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.05))
-    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
+    loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True, num_workers=workers))
     local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # hsdp_ft: this rank's shard
     batches = iter(loader)
     where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
@@ -100,7 +106,7 @@ SCRIPT = textwrap.dedent(
               f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}")
     whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     torch.save(
-        {"weights": whole, "loads": loads, "restarts": strategy.restart_count},
+        {"weights": whole, "loads": loads, "restarts": strategy.restart_count, "rereads": loader.rereads},
         out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
     )
     print(f"DONE {where}", flush=True)
@@ -118,8 +124,9 @@ class Job:
     """A ``phalanx run`` of the script: on this host, or on each of
     ``hosts`` (a test bed's) as node ``i`` of ``len(hosts)``, node 0's
     address the main address; started by the command ``launch`` (``srun
-    ...``) where given, in ``env`` (default this process's). Every
-    process's output is read as it comes, into one list of lines."""
+    ...``) where given, on the bed's host ``where`` if given, in ``env``
+    (default this process's). Every process's output is read as it comes,
+    into one list of lines."""
 
     def __init__(
         self,
@@ -128,10 +135,12 @@ class Job:
         strategy: str = "ddp_ft",
         park_at: int | None = None,
         fsdp_options: bool = False,
+        workers: int = 0,
         hosts: Sequence[Any] = (),
         port: int = 29640,
         launch: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        where: Any = None,
     ) -> None:
         (tmp_path / "train.py").write_text(SCRIPT)
         self.tmp_path = tmp_path
@@ -139,6 +148,8 @@ class Job:
         self.out.mkdir()
         if park_at is not None:
             (self.out / "park-at").write_text(str(park_at))
+        if workers:  # the DataLoader's num_workers
+            (self.out / "workers").write_text(str(workers))
         if fsdp_options:  # shard each Linear, bf16 parameters, offloaded to CPU memory
             (self.out / "fsdp-options").write_text("")
         self.lines: list[str] = []
@@ -151,6 +162,7 @@ class Job:
             *flags,
         ]  # fmt: skip
         self.hosts = list(hosts)
+        self.where = where  # the test bed's host that runs ``launch`` (default: this machine)
         self.port = port
         self.env = dict(os.environ if env is None else env)
         self._lock = threading.Lock()
@@ -175,9 +187,8 @@ class Job:
         options: dict[str, Any] = {
             "cwd": self.tmp_path, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True
         }  # fmt: skip
-        process = (
-            self.hosts[node].popen(command, **options) if self.hosts else subprocess.Popen(command, **options)
-        )
+        host = self.hosts[node] if self.hosts else self.where
+        process = host.popen(command, **options) if host is not None else subprocess.Popen(command, **options)
         self.processes.append(process)
         reader = threading.Thread(target=self._read, args=(process,), daemon=True)
         reader.start()
@@ -221,10 +232,11 @@ class Job:
                 raise AssertionError(f"{what}: not seen; the job's output:\n{self.output}")
             time.sleep(0.05)
 
-    def stop_after(self, more: int) -> None:
+    def stop_after(self, more: int, at_least: int = 0) -> None:
         """Have every group stop at ``more`` steps after the last one seen
-        (a step no group has reached yet: all of them stop at it)."""
-        step = max(s[3] for s in self.steps) + more
+        (a step no group has reached yet: all of them stop at it), or at
+        step ``at_least`` if that is later."""
+        step = max(max(s[3] for s in self.steps) + more, at_least)
         (self.out / "stop.tmp").write_text(str(step))
         (self.out / "stop.tmp").rename(self.out / "stop")
 

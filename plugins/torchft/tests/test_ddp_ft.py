@@ -34,16 +34,24 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "devices", "fsdp_options"),
-    [("ddp_ft", 1, False), ("ddp_ft", 2, False), ("hsdp_ft", 2, False), ("hsdp_ft", 2, True)],
-    ids=["ddp_ft-1", "ddp_ft-2", "hsdp_ft-2", "hsdp_ft-2-units-bf16-offload"],
+    ("strategy", "devices", "fsdp_options", "workers"),
+    [
+        ("ddp_ft", 1, False, 0),
+        ("ddp_ft", 2, False, 0),
+        ("ddp_ft", 1, False, 2),
+        ("hsdp_ft", 2, False, 0),
+        ("hsdp_ft", 2, True, 0),
+    ],
+    ids=["ddp_ft-1", "ddp_ft-2", "ddp_ft-1-loader-workers", "hsdp_ft-2", "hsdp_ft-2-units-bf16-offload"],
 )
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
-    tmp_path, strategy, devices, fsdp_options
+    tmp_path, strategy, devices, fsdp_options, workers
 ):
     # hsdp_ft-2-units-bf16-offload: each Linear its own FSDP unit
     # (shard_modules), bf16 parameters with float32 reductions (mp_policy),
     # parameters and optimizer state in CPU memory (cpu_offload).
+    # ddp_ft-1-loader-workers: the DataLoader's 2 workers read the steps
+    # ahead; the kill and the return change the steps' samples.
     job = Job(
         tmp_path,
         "--devices",
@@ -55,6 +63,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         strategy=strategy,
         park_at=10,
         fsdp_options=fsdp_options,
+        workers=workers,
     )
     # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
     victim_file = job.out / "victim"
@@ -63,7 +72,9 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     job.wait_for(lambda: len(job.pids(1)) == 2, "group 1 training again")
-    job.stop_after(10)
+    # Into the second epoch (20 steps of 3 groups of one rank), however
+    # soon group 1 came back.
+    job.stop_after(10, at_least=30)
     assert job.finish() == 0, "".join(job.lines)
     output = "".join(job.lines)
 
@@ -121,6 +132,15 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         if epoch < max(trained):
             assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
         assert repeated == 0 or (set(counts) == everything and repeated < 3 * devices), (epoch, counts)
+    readers = {int(path.name.rsplit("-", 1)[1]) for path in job.out.glob("read-by-*")}
+    ranks = {s[2] for s in job.steps}
+    if workers:
+        # Only the workers read samples; the survivors read again where the
+        # groups of a step changed (the kill, the return).
+        assert readers and not readers & ranks, (readers, ranks)
+        assert ends[0]["rereads"] >= 1 and ends[2]["rereads"] >= 1, ends
+    else:
+        assert readers <= ranks, (readers, ranks)
 
 
 def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finish(tmp_path):

@@ -3,6 +3,7 @@ step's quorum, so that a dropped group's samples go to the others."""
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -45,8 +46,17 @@ class QuorumLoader:
     for checkpoints) is that of phalanx's other loaders: a checkpoint of a
     ``ddp`` job goes on under ``ddp_ft`` and the other way round.
 
-    Batches are read in the training process when the step starts
-    (``num_workers=0``): the step's samples are not known before its quorum.
+    With ``num_workers=0`` a step's batch is read in the training process
+    when the step starts: its samples are not known before its quorum. With
+    workers, the batches of the next steps are read ahead on the guess that
+    they have the quorum of the step in hand and are committed (the common
+    case: a step changes only when a group is lost or comes back); a step
+    whose samples are not those guessed (a dropped step, a lost group, a
+    healed position, a new epoch) has its workers' reads thrown away and
+    read again from where the job is. The workers are the DataLoader's own
+    (its ``num_workers``, ``prefetch_factor``, ``worker_init_fn``,
+    ``multiprocessing_context``, ``pin_memory``, ``timeout``), kept for the
+    whole job. :attr:`rereads` counts the steps read again.
     """
 
     def __init__(self, strategy: Any, loader: Any, *, move: bool = True) -> None:
@@ -66,6 +76,9 @@ class QuorumLoader:
         self.position = 0
         self._pending: list[int] = []  # participants of each step handed out since the last verdict
         self._rolled = False  # the epoch ended in this iteration
+        #: Steps whose batch the workers had read for other samples, read again.
+        self.rereads = 0
+        self._reader = _Reader(self, loader) if loader.num_workers > 0 else None
 
     # -- the training loop's side ---------------------------------------------
 
@@ -109,7 +122,10 @@ class QuorumLoader:
             self._end_epoch()
             return None
         self._pending.append(participants)
-        batch = self._collate([self.dataset[i] for i in share])
+        if self._reader is not None:
+            batch = self._reader.batch((self.epoch, start, participants, mine * ranks + strategy.global_rank))
+        else:
+            batch = self._collate([self.dataset[i] for i in share])
         return strategy.batch_to_device(batch) if self._move else batch
 
     # -- the step's verdict (from the strategy) ---------------------------------
@@ -143,13 +159,16 @@ class QuorumLoader:
         return position
 
     def _share(self, start: int, participants: int, index: int) -> list[int]:
+        return self._share_of(self.epoch, start, participants, index)
+
+    def _share_of(self, epoch: int, start: int, participants: int, index: int) -> list[int]:
         ranks = participants * self._strategy.world_size
-        chunk = self._order(self.epoch)[start : start + ranks * self.batch_size]
+        chunk = self._order(epoch)[start : start + ranks * self.batch_size]
         if len(chunk) < ranks * self.batch_size:  # the epoch's last step
             if self.drop_last:
                 chunk = chunk[: len(chunk) // ranks * ranks]
             else:
-                order = self._order(self.epoch)
+                order = self._order(epoch)
                 total = -(-len(chunk) // ranks) * ranks
                 chunk = chunk + (order * (total // len(order) + 1))[: total - len(chunk)]
         return chunk[index::ranks]
@@ -195,6 +214,71 @@ class QuorumLoader:
         return getattr(self.loader, name)
 
 
+#: A step's samples: (epoch, where in the epoch's order it starts, groups
+#: in it, this rank's index among the step's ranks).
+_Key = tuple[int, int, int, int]
+
+
+class _Reader:
+    """The DataLoader's workers, reading the batches of the steps to come
+    as :class:`QuorumLoader` guesses them: a DataLoader of the same dataset
+    and worker settings whose batch sampler yields the guessed steps'
+    samples, kept for the job (``persistent_workers``); a step not guessed
+    starts a new pass of it from that step (the workers drop what they
+    read ahead)."""
+
+    def __init__(self, owner: QuorumLoader, loader: Any) -> None:
+        from torch.utils.data import DataLoader
+
+        self._owner = owner
+        self._guessed: collections.deque[_Key] = collections.deque()
+        self._start: _Key | None = None
+        self._pass: Iterator[Any] | None = None
+        self._loader = DataLoader(
+            loader.dataset,
+            batch_sampler=self,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=True,
+        )
+
+    def batch(self, key: _Key) -> Any:
+        """The batch of the step ``key``: read ahead where it was guessed,
+        else read now (and the steps after it guessed from it)."""
+        if self._pass is None or not self._guessed or self._guessed[0] != key:
+            if self._pass is not None:
+                self._owner.rereads += 1
+            self._guessed.clear()
+            self._start = key
+            self._pass = iter(self._loader)
+        self._guessed.popleft()
+        return next(self._pass)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """The guessed steps' samples from the step asked for to the
+        epoch's end: each step with the same groups, committed. Run by the
+        DataLoader in this process, ahead of the steps."""
+        assert self._start is not None
+        epoch, start, participants, index = self._start
+        owner = self._owner
+        while start < len(owner.dataset):
+            share = owner._share_of(epoch, start, participants, index)
+            if not share:
+                return
+            self._guessed.append((epoch, start, participants, index))
+            yield share
+            start = owner._take(start, participants)
+
+    def __len__(self) -> int:  # what DataLoader asks of a batch sampler; never used for a pass's length
+        return len(self._owner.dataset)
+
+
 def _check(loader: Any) -> None:
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -209,11 +293,6 @@ def _check(loader: Any) -> None:
         why = f"it has a batch_sampler of its own ({type(loader.batch_sampler).__name__})"
     elif type(loader.sampler).__name__ not in ("RandomSampler", "SequentialSampler"):
         why = f"it has a sampler of its own ({type(loader.sampler).__name__})"
-    elif loader.num_workers > 0:
-        why = (
-            f"num_workers={loader.num_workers}: workers read batches ahead, and a step's samples are "
-            "known only when its quorum is (pass num_workers=0)"
-        )
     if why is not None:
         raise MisconfigurationError(
             f"setup_dataloader() under 'ddp_ft' deals each step's samples out over the groups in the "
