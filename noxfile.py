@@ -303,13 +303,15 @@ def ray(session: nox.Session) -> None:
     ``spawn``, warm ranks across launches, a raising rank, a killed actor and
     Ctrl-C; a Ray cluster started outside the tests (joined, and left
     running), and one of two Ray nodes on two hosts of the multi-host test
-    bed (network namespaces: needs root and iproute2). Installs OpenMPI and
-    mpi4py too, for the refusal of the mpi collective with this launcher."""
+    bed (network namespaces: needs root and iproute2); ``ddp_ft``'s groups
+    under launcher ``ray_replica_groups`` (TorchFT), on a local instance and
+    on those two nodes. Installs OpenMPI and mpi4py too, for the refusal of
+    the mpi collective with this launcher."""
     apt_install(session, "iproute2", "openmpi-bin")
     install_packages(session)
     # mpi4py: the mpi collective is then available, and refused with the
     # ray launcher for what it is (MPI talks among processes mpirun started).
-    session.install(RAY, "mpi4py>=3.1", "pytest>=8")
+    session.install(RAY, "mpi4py>=3.1", TORCHFT, "pytest>=8")
     session.run("pytest", "plugins/ray/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "ray"})
 
 

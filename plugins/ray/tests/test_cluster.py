@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ft_job import Job, kill_one_of_two_groups_and_check_it_heals
 
 from phalanx_core.testing.hosts import Host, TestBed, missing
 from phalanx_core.testing.processes import (
@@ -538,3 +539,55 @@ def rank_steps(driver: Driver) -> list[dict]:
     on (``[rankN]: STEP {...}``)."""
     found = re.findall(r"^\[rank\d+\]: STEP (\{.*\})$", driver.stdout, re.MULTILINE)
     return [json.loads(text) for text in found]
+
+
+# -- ddp_ft's groups under launcher ray_replica_groups (phalanx-torchft) ----------------------
+#
+# Ray places an actor on each node, which runs that node's replica groups;
+# a group's rank killed is started again by its node, alone, and heals from
+# the other group: on a local Ray instance the launcher starts, and on two
+# Ray nodes on two hosts of the test bed.
+
+
+def test_on_a_local_ray_instance_a_killed_group_is_restarted_alone_and_heals(tmp_path):
+    job = Job(
+        tmp_path, "--launcher", "ray_replica_groups", "--devices", "1", "--replica-groups", "2",
+        "--max-restarts", "1", park_at=6,
+    )  # fmt: skip
+    kill_one_of_two_groups_and_check_it_heals(job, park_at=6)
+
+
+@pytest.fixture
+def two_ray_hosts():
+    yield from ray_hosts(2)
+
+
+def namespace_of(pid: int) -> str:
+    return subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_on_two_ray_nodes_each_runs_its_group_and_a_killed_one_heals_across_them(two_ray_hosts, tmp_path):
+    bed = two_ray_hosts.bed
+    job = Job(
+        tmp_path, "--launcher", "ray_replica_groups", "--devices", "1", "--replica-groups", "2",
+        "--num-nodes", "2", "--max-restarts", "1", park_at=6,
+        env=driver_environment(RAY_ADDRESS=two_ray_hosts.address), where=bed.hosts[0],
+    )  # fmt: skip
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 at step 6", timeout=240)
+    job.wait_for(lambda: job.pids(0), "group 0's steps, relayed")  # the nodes' lines come through Ray
+    # One group on each host (which node holds which is Ray's choice).
+    spots = {namespace_of(job.pids(0)[0]), namespace_of(int(victim_file.read_text()))}
+    assert spots == {host.namespace for host in bed.hosts}, (spots, job.output)
+    kill_one_of_two_groups_and_check_it_heals(job, park_at=6)
+    assert not any(pid for host in bed.hosts for pid in bed.pids(host) if _is_the_jobs(pid, job))
+
+
+def _is_the_jobs(pid: int, job: Job) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as found:
+            return str(job.out).encode() in found.read()
+    except OSError:
+        return False

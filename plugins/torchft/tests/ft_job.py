@@ -88,8 +88,10 @@ SCRIPT = textwrap.dedent(
             ids, x = next(batches)
         say(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}")
         victim = out / "victim"
+        # Parked once every group is in the step (one slow to start has
+        # joined): the others then heal it from the job's step.
         if park is not None and strategy.replica_group == 1 and strategy.global_rank == 0 and step >= park \
-                and not victim.exists():
+                and strategy.participants == strategy.replica_groups and not victim.exists():
             (out / "victim.tmp").write_text(str(os.getpid()))
             (out / "victim.tmp").rename(victim)
             for _ in range(1200):  # the test kills this process here, its batch in hand, or wakes it

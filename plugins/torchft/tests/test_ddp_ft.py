@@ -520,3 +520,20 @@ def test_mixed_precision_gradient_accumulation_and_two_optimizers(tmp_path):
         for i in part[2:].split(",")
     )
     assert sorted(first_epoch) == list(range(64)) and set(first_epoch.values()) == {1}, first_epoch
+
+
+def test_the_ray_replica_groups_options_are_checked():
+    # Its runs are in the ray session (plugins/ray/tests/test_cluster.py);
+    # its options are checked where it is built, without ray.
+    from phalanx_torchft.ray_groups import RayReplicaGroupsLauncher
+
+    with pytest.raises(MisconfigurationError, match=r"placement_timeout=0; expected seconds, more than 0"):
+        RayReplicaGroupsLauncher(placement_timeout=0)
+    with pytest.raises(MisconfigurationError, match=r"address='  '; give a Ray address"):
+        RayReplicaGroupsLauncher(address="  ")
+    with pytest.raises(MisconfigurationError, match=r"replica_groups=3 on num_nodes=2 hosts"):
+        RayReplicaGroupsLauncher(replica_groups=3, num_nodes=2)
+    launcher = RayReplicaGroupsLauncher(replica_groups=4, num_nodes=2, address="auto")
+    said = launcher.explain()
+    assert said["hosts"].startswith("2 Ray node(s) with 1 free CPU(s) each"), said
+    assert "2 on each of 2 Ray node(s)" in said["groups"], said

@@ -35,6 +35,7 @@ group, then their restarts run out).
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -195,6 +196,10 @@ class JobEnd:
                 return True
         import torch.distributed as dist
 
+        try:  # a plain connection first: torch's client logs every refused try
+            socket.create_connection((self.address, self.port), timeout=PATIENCE).close()
+        except OSError:
+            return False
         try:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 self.address, self.port, is_master=False, timeout=timedelta(seconds=PATIENCE)

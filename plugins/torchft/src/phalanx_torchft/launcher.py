@@ -37,6 +37,7 @@ this launcher's to restart.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,7 +282,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             for group in groups:
                 group.join_output()
             end.close()
-            marker.parent.rmdir()
+            shutil.rmtree(marker.parent, ignore_errors=True)
             if server is not None:
                 server.shutdown()
             self.lighthouse_url = None

@@ -26,7 +26,18 @@ def phalanx_launchers() -> list[LauncherSpec]:
             summary="TorchFT's lighthouse and N replica groups of ranks, each restarted on its own",
             needs=_NEEDS,
             install=INSTALL,
-        )
+        ),
+        LauncherSpec(
+            name="ray_replica_groups",
+            target=f"{_PKG}.ray_groups:RayReplicaGroupsLauncher",
+            summary="replica_groups on the nodes Ray gives: an actor a node runs its groups, each "
+            "restarted on its own",
+            # The launching process is placed by Ray, as launcher ray's: its
+            # environment (the ranks are the groups', torch elastic's).
+            environment="ray",
+            needs=(*_NEEDS, "ray", "phalanx_ray"),
+            install=f"{INSTALL} and pip install 'phalanx-ray[ray]'",
+        ),
     ]
 
 
