@@ -93,6 +93,7 @@ SCRIPT = textwrap.dedent(
         if park is not None and strategy.replica_group == 1 and strategy.global_rank == 0 and step >= park \
                 and strategy.participants == strategy.replica_groups and not victim.exists():
             (out / "victim.tmp").write_text(str(os.getpid()))
+            (out / "parked-at").write_text(str(step))
             (out / "victim.tmp").rename(victim)
             for _ in range(1200):  # the test kills this process here, its batch in hand, or wakes it
                 if (out / "wake").exists():
@@ -341,12 +342,16 @@ def kill_one_of_two_groups_and_check_it_heals(job: Job, park_at: int) -> None:
     assert not job.diverged(), job.diverged()
 
 
-def a_late_group_once_the_job_has_finished(job: Job, groups: int, kill: bool) -> None:
+def a_late_group_once_the_job_has_finished(
+    job: Job, groups: int, kill: bool, before: tuple[str, str] | None = None
+) -> None:
     """For a job of ``groups`` groups started with ``park_at``: let the
     others end while group 1 is parked, then kill group 1's rank 0 (or
     wake it: it goes on with its step); check that group 1 trains no
     further and is not started again (it could heal from no one), that
-    every ``phalanx run`` ends with 0, and that the others ended alike."""
+    every ``phalanx run`` ends with 0, and that the others ended alike.
+    ``before``: (a pattern of a line, what it says) that must be seen
+    before group 1 is killed or woken."""
     victim_file = job.out / "victim"
     job.wait_for(victim_file.exists, "group 1 parked")
     job.stop_after(3)
@@ -354,6 +359,8 @@ def a_late_group_once_the_job_has_finished(job: Job, groups: int, kill: bool) ->
     job.wait_for(lambda: all(f"DONE group={g} " in job.output for g in others), "the other groups' end")
     ranks = [int(m) for m in re.findall(r"DONE group=\d+ rank=\d+ pid=(\d+)", job.output)]
     job.wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks), "their ranks' end")
+    if before is not None:
+        job.wait_for(lambda: re.search(before[0], job.output), before[1])
     if kill:
         os.kill(int(victim_file.read_text()), signal.SIGKILL)
     else:
@@ -364,9 +371,11 @@ def a_late_group_once_the_job_has_finished(job: Job, groups: int, kill: bool) ->
     if not kill or "starting it again" in output:  # restarted before its host knew of the end
         assert "JobFinishedError: replica group 1: the job has finished (replica group " in output, output
     assert "replica group 1 failed (" in output and "had ended the job; not started again" in output, output
-    # Nothing committed from step 10 on (woken, its step 10's all-reduce
-    # finds its peers gone, and its step 11's quorum stops it).
-    assert [s for s in job.steps if s[0] == 1 and s[3] >= 10 and s[4]] == [], output
+    # Nothing committed from the step it was parked in on (woken, that
+    # step's all-reduce finds its peers gone, and the next step's quorum
+    # stops it). Parked at park_at or later: once every group is in a step.
+    parked = int((job.out / "parked-at").read_text())
+    assert [s for s in job.steps if s[0] == 1 and s[3] >= parked and s[4]] == [], output
     ends = job.ends()
     assert sorted(ends) == others, output
     first = ends[others[0]]["weights"]
