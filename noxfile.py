@@ -378,12 +378,16 @@ TORCH_RANGE = ["2.9.0", "2.14.1"]
 #: use torch, the command line's runs of examples/train.py (``phalanx run``,
 #: ``ddp`` on two ranks and a spawn strategy), and one restart after a
 #: killed rank (fsdp's checkpoints, on any world size, are the torch
-#: plugin's tests).
+#: plugin's tests). Of phalanx-compose, which uses no torch API of its own
+#: (it composes the torch plugin's collectives), the contract and the
+#: resolving: its training runs (140 s of 600 on one worker) test the
+#: composition, which does not change with torch; ``tests`` runs them.
 RANGE_TESTS = [
     "core/tests",
     "registry/tests",
     "plugins/torch/tests",
-    "plugins/compose/tests",
+    "plugins/compose/tests/test_contract.py",
+    "plugins/compose/tests/test_resolving.py",
     "tests/test_run.py",
     "tests/test_restarts.py::test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened",
     # Kills a background save at 12 points twice (130 s of 390 on two

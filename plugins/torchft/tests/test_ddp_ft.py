@@ -282,9 +282,15 @@ def test_the_replica_groups_options_are_checked():
     with pytest.raises(MisconfigurationError, match=r"strategy 'hsdp_ft': cpu_offload=3; give True"):
         phalanx.resolve("hsdp_ft", accelerator="cpu", cpu_offload=3)
     with pytest.raises(
-        MisconfigurationError, match=r"replica_groups=4 on num_nodes=3 hosts: .* multiple of 3"
+        MisconfigurationError,
+        match=r"replica_groups=4 on num_nodes=3 hosts: .* multiple of 3\).*replica-groups 3$",
     ):
         ReplicaGroupsLauncher(num_nodes=3, node_rank=0, replica_groups=4)
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"replica_groups=4 on num_nodes=6 hosts: .*groups 6 or 2, 3 \(a group on 2\+ hosts\)",
+    ):
+        ReplicaGroupsLauncher(num_nodes=6, node_rank=0, replica_groups=4)
     with pytest.raises(MisconfigurationError, match=r"lighthouse='node0:29510'; give a running TorchFT"):
         phalanx.resolve("ddp_ft", accelerator="cpu", lighthouse="node0:29510")
 
@@ -323,6 +329,21 @@ def test_under_srun_one_task_per_node_runs_the_launcher_with_slurms_layout(monke
     # Inside a group's rank (torch elastic's): the ranks run in place.
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "phalanx-group-1")
     assert phalanx.plan("ddp_ft", accelerator="cpu", devices=1).launcher.name == "in_process"
+
+
+def test_fewer_groups_than_hosts_spread_each_group_over_hosts():
+    # Four hosts, two groups: node 3 runs the second part of group 1, whose
+    # store node 2 hosts.
+    launcher = ReplicaGroupsLauncher(num_nodes=4, node_rank=3, replica_groups=2, num_processes=2)
+    assert (launcher.hosts_per_group, launcher.groups_here, launcher.part) == (2, range(1, 2), 1)
+    said = launcher.explain()["groups"]
+    assert said.startswith("2 replica groups of 4 rank(s) each, each on 2 hosts (2 a host); this host runs "
+                           "part 1 of group 1, whose store node 2 hosts."), said  # fmt: skip
+    first = ReplicaGroupsLauncher(num_nodes=4, node_rank=2, replica_groups=2)
+    assert (first.groups_here, first.part) == (range(1, 2), 0)
+    assert "runs part 0 of group 1 and hosts the group's store" in first.explain()["groups"]
+    # One group on three hosts: allowed (no group to heal from, but a job).
+    assert ReplicaGroupsLauncher(num_nodes=3, node_rank=2, replica_groups=1).part == 2
 
 
 def test_a_main_address_on_loopback_is_refused_on_several_hosts(monkeypatch):
@@ -533,6 +554,8 @@ def test_the_ray_replica_groups_options_are_checked():
         RayReplicaGroupsLauncher(address="  ")
     with pytest.raises(MisconfigurationError, match=r"replica_groups=3 on num_nodes=2 hosts"):
         RayReplicaGroupsLauncher(replica_groups=3, num_nodes=2)
+    with pytest.raises(MisconfigurationError, match=r"would spread each group over 2 nodes"):
+        RayReplicaGroupsLauncher(replica_groups=2, num_nodes=4)
     launcher = RayReplicaGroupsLauncher(replica_groups=4, num_nodes=2, address="auto")
     said = launcher.explain()
     assert said["hosts"].startswith("2 Ray node(s) with 1 free CPU(s) each"), said

@@ -6,6 +6,7 @@ lost group, back, heals from a peer."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -149,3 +150,99 @@ def test_node_0_keeps_the_lighthouse_until_the_other_hosts_groups_have_ended(bed
     # Node 0 says it waits, while group 1 is still parked: then it is killed.
     waits = r"the lighthouse stays until the groups of node\(s\) 1(, 2)? have ended"
     a_late_group_once_the_job_has_finished(job, groups=3, kill=True, before=(waits, "node 0 waiting"))
+
+
+def test_a_group_on_two_hosts_is_started_again_on_both_and_heals_from_a_peer(tmp_path):
+    # Four hosts, two groups: each group a job of two hosts (one rank each),
+    # its store on its first host. A rank of group 1 on its second host is
+    # killed: the group's rank on the first host is stopped too, each host
+    # starts its part again, they meet in a new store, and the group heals
+    # from group 0, whose ranks are never touched.
+    if missing() is not None:
+        pytest.fail(f"these tests need network namespaces: {missing()}")
+    with TestBed(4, subnet="192.168.79") as bed:
+        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", hosts=bed.hosts, park_at=10)
+        job.wait_for((job.out / "victim").exists, "group 1 (nodes 2 and 3) at step 10")
+        second = [s[2] for s in job.steps if s[0] == 1 and s[1] == 1]
+        assert second, job.output
+        os.kill(second[-1], signal.SIGKILL)  # group 1's rank 1, on node 3; its rank 0 is parked on node 2
+        job.wait_for(lambda: len(ranks_of(job, 1, 1)) == 2 and len(ranks_of(job, 1, 0)) == 2, "group 1 again")
+        job.stop_after(8)
+        assert job.finish() == 0, job.output
+        output = job.output
+        assert job.codes == [0, 0, 0, 0], (job.codes, output)
+        for rank in (0, 1):
+            assert len(ranks_of(job, 0, rank)) == 1, output  # group 0 never restarted
+        # Both hosts of group 1 started their part again, once.
+        assert output.count("phalanx run: replica group 1 failed") == 2, output
+        assert "replica group 0 failed" not in output, output
+        same_weights_everywhere(job, 4)
+        assert not job.diverged(), (job.diverged(), output)
+        for path in sorted(job.out.glob("group1-rank*-*.pt")):
+            import torch
+
+            end = torch.load(path)
+            # Healed from group 0 (one load, at the job's step; no checkpoint), in its second start.
+            assert len(end["loads"]) == 1 and end["loads"][0] >= 10, (path.name, end["loads"])
+            assert end["restarts"] == 1, (path.name, end["restarts"])
+        trained = job.trained()
+        for epoch in sorted(trained)[:-1]:
+            assert set(trained[epoch]) == set(range(120)), (epoch, output)
+
+
+def ranks_of(job: Job, group: int, rank: int) -> list[int]:
+    """The pids that ran ``rank`` of ``group``, in the order they trained."""
+    return list(dict.fromkeys(s[2] for s in job.steps if s[0] == group and s[1] == rank))
+
+
+def test_a_lost_host_of_a_group_on_two_hosts_is_waited_for_until_the_job_ends(tmp_path):
+    # Group 1 on nodes 2 and 3. Node 3 is lost: group 1's part on node 2
+    # fails and waits for it in a new start, while group 0 trains alone.
+    # Node 3 comes back: its part takes the newest start, and group 1 heals.
+    # Node 3 is lost again and does not come back: the job ends when group
+    # 0 does, and node 2 stops the part that waits, with status 0.
+    if missing() is not None:
+        pytest.fail(f"these tests need network namespaces: {missing()}")
+    with TestBed(4, subnet="192.168.79") as bed:
+        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", hosts=bed.hosts)
+        # Both groups in a step (a group slow to start trains alone until it joins, by design).
+        job.wait_for(lambda: any(s[0] == 1 and s[3] >= 5 and s[5] == 2 for s in job.steps), "both at step 5")
+        assert bed.kill_all(bed.hosts[3]) >= 3
+        lost_at = time.monotonic()
+        job.wait_for(
+            lambda: sum(1 for s in job.steps if s[0] == 0 and s[6] > lost_at + 2 and s[5] == 1 and s[4]) >= 3,
+            "group 0 training alone",
+        )
+        job.start(3)  # node 3's replacement
+        job.wait_for(lambda: len(ranks_of(job, 1, 1)) == 2, "group 1 on the replacement")
+        # The replacement's part healed from group 0 (with group 1's part on node 2) and trains with it.
+        job.wait_for(
+            lambda: any(s[2] == ranks_of(job, 1, 1)[1] and s[4] and s[5] == 2 and s[7] for s in job.steps),
+            "group 1 training with group 0 again",
+        )
+        healed = dict(job.ends())  # none yet: only the ends' files count
+        assert not healed, healed
+        assert bed.kill_all(bed.hosts[3]) >= 3  # lost again, for good
+        again_at = time.monotonic()
+        job.wait_for(
+            lambda: (
+                sum(1 for s in job.steps if s[0] == 0 and s[6] > again_at + 2 and s[5] == 1 and s[4]) >= 3
+            ),
+            "group 0 training alone again",
+        )
+        # Node 2's part waits for node 3 in a new start (its third).
+        again = "phalanx run: replica group 1 failed (exit status 1); starting it again (2 of 3)"
+        job.wait_for(lambda: again in job.output, "node 2 starting its part again")
+        job.stop_after(5)
+        job.finish()
+        output = job.output
+        assert job.codes[:3] == [0, 0, 0] and job.codes[3] == -signal.SIGKILL, (job.codes, output)
+        assert job.codes[4] == -signal.SIGKILL, (job.codes, output)
+        assert "replica group 1 waited for a host of its own after group 0 had ended the job" in output, (
+            output
+        )
+        for rank in (0, 1):
+            assert len(ranks_of(job, 0, rank)) == 1, output  # group 0 never restarted
+        assert not job.diverged(), (job.diverged(), output)
+        for host in bed.hosts[:3]:
+            assert bed.pids(host) == [], output  # nothing of the job left

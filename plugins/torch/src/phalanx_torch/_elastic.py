@@ -304,6 +304,11 @@ class SubprocessLauncher(Launcher):
             allow_connections(4 * self.num_nodes)
         rendezvous = self._rendezvous()
         rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(say, who)
+        # Node 0's store in a static rendezvous, kept here until the node
+        # watch has left it (elastic drops its handler, the store with it,
+        # as its launch returns; see NodeWatch.__exit__).
+        kept: list[Any] = []
+        rendezvous["rdzv_configs"]["keep"] = kept
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
         variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}

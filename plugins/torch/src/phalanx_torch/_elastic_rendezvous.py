@@ -37,6 +37,7 @@ def create_static_rendezvous(params: Any) -> Any:
         static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
     )
     handler.say = params.config.get("say")
+    handler.keep = params.config.get("keep")
     return handler
 
 
@@ -53,6 +54,9 @@ def _static_rendezvous_class() -> type:
             return STATIC
 
         say: Callable[[str], None] | None = None
+        #: Where the store goes once made: the launcher keeps it after
+        #: elastic has dropped this handler, until the node watch has left.
+        keep: list[Any] | None = None
 
         def next_rendezvous(self) -> Any:
             if self._store is None:
@@ -77,6 +81,8 @@ def _static_rendezvous_class() -> type:
                     host_store=host,
                     say=self.say,
                 )
+                if self.keep is not None:
+                    self.keep.append(self._store)
             info = super().next_rendezvous()
             MET.set()  # node 0's store is up: the node watch may connect
             return info

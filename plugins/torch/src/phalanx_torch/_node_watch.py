@@ -71,6 +71,10 @@ class NodeWatch:
     #: How long a node whose rank lost a peer waits for the post of the
     #: rank that caused it, and node 0 for the others to read the posts.
     HOLD = 5.0
+    #: How long the node that hosts the store waits, at a launch that ended
+    #: well, for the others to leave it (a round may have fewer nodes than
+    #: the job's most, which never come).
+    LEAVE = 2.0
 
     def __init__(
         self, connect: Callable[[], Any] | None, node_rank: int, num_nodes: int, *, hosts_store: bool
@@ -105,9 +109,32 @@ class NodeWatch:
     def __exit__(self, *exc_info: object) -> None:
         with self._signal_lock:  # no signal once the launch is over
             self._stop.set()
-        self._wake(ended=exc_info[0] is None)
+        ended = exc_info[0] is None
+        self._wake(ended=ended)
         if self._thread is not None:
             self._thread.join(self.POLL * 5)
+        if ended:
+            self._leave()
+
+    def _leave(self) -> None:
+        """At the end of a launch that ended well: each node says it has
+        left the job's store, and the node that hosts it waits for the
+        others (``LEAVE`` seconds at most) before it goes, its store with it.
+        A request of another node still in flight then (its end-of-job
+        barrier, its watch's wake) would fail, and c10d prints a warning
+        with a C++ stack for each."""
+        if self.connect is None or self.num_nodes == 1:
+            return
+        from . import _etcd3
+
+        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+            store = self._connect()
+            if not self.hosts_store:
+                store.add("left", 1)
+                return
+            deadline = time.monotonic() + self.LEAVE
+            while store.add("left", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+                time.sleep(self.POLL / 4)
 
     def _interrupt(self) -> None:
         """Stop this node's ranks: SIGTERM, which elastic's agent handles by

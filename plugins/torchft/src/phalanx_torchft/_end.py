@@ -30,6 +30,16 @@ its own step, and its group is not started again.
 If node 0's host is lost, so are the lighthouse and this store: the other
 hosts go on as the lighthouse's loss makes them (``NoQuorumError`` in each
 group, then their restarts run out).
+
+Where a group spans several hosts, its parts meet in a store of the group's
+own, which the group's first host (its part 0) starts anew at each start of
+the group, on a port the kernel gives. This store tells the other parts
+where: part 0 offers each start's address under the start's number
+(:meth:`JobEnd.offer_group_store`); another part claims the newest start
+that has no such part yet (:meth:`JobEnd.take_group_store`: so it never
+meets an old start of the group that is stopping, its own or a lost host's
+that it replaces); part 0 says when the group is gone for good
+(:meth:`JobEnd.group_gone`).
 """
 
 from __future__ import annotations
@@ -170,6 +180,64 @@ class JobEnd:
             if waiting:
                 time.sleep(0.2)
 
+    def offer_group_store(self, group: int, address: str, port: int) -> int | None:
+        """Part 0 of ``group``: the group's next start has its store at
+        ``address:port``; return the start's number, or ``None`` where
+        node 0's store cannot be reached."""
+
+        def offer(store: Any) -> int:
+            number = int(store.add(f"{_PREFIX}group/{group}/starts", 1))
+            store.set(f"{_PREFIX}group/{group}/store/{number}", f"{address} {port}")
+            store.set(f"{_PREFIX}group/{group}/offered", str(number))
+            return number
+
+        return self._call_when_connected(offer)
+
+    def take_group_store(
+        self, group: int, part: int, timeout: float, stopped: list[int]
+    ) -> tuple[int, str, int] | str:
+        """Another part of ``group``: the newest start of the group that
+        had no such part yet (its number, address and port), once part 0
+        has offered one; else why there is none (the group is gone, the job
+        has finished, node 0's store lost, ``timeout`` passed, or this
+        process was ``stopped``). A start is taken once by each part: a
+        part started again, or on a host that replaces a lost one, waits
+        for the group's next start (the one it had, or the lost host had,
+        is stopping)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stopped:
+            if self.finished() is not None:
+                return f"group {self.finished_by} had ended the job"
+            found = self._call(lambda store: _newest_start(store, f"{_PREFIX}group/{group}/", part))
+            if found is not None:
+                return found
+            time.sleep(0.2)
+        if stopped:
+            return "this process was stopped"
+        lost = "" if self._connect() else f"; node 0's store at {self.address}:{self.port} is lost"
+        return (
+            "its first host (the part that starts the group's store) offered no new start within "
+            f"{timeout:g} s{lost}"
+        )
+
+    def joined(self, group: int, number: int, parts: int) -> bool:
+        """Whether every other part of ``group`` took its start ``number``."""
+        keys = [f"{_PREFIX}group/{group}/joined/{number}/{part}" for part in range(1, parts)]
+        found = self._call(lambda store: store.check(keys))
+        return found is None or bool(found)  # not known (node 0's store lost): not to be stopped for it
+
+    def group_gone(self, group: int, why: str) -> None:
+        """Part 0 of ``group``: the group is not started again (``why``)."""
+        self._call(lambda store: store.set(f"{_PREFIX}group/{group}/gone", why))
+
+    def _call_when_connected(self, operation: Any, timeout: float = 60.0) -> Any:
+        """``_call`` once connected to node 0's store (which may not be up
+        yet at a job's start), trying for ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self._connect() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self._call(operation)
+
     def close(self) -> None:
         self._stopping.set()
         with self._lock:
@@ -221,3 +289,19 @@ class JobEnd:
             return operation(store)
         except (OSError, RuntimeError):
             return None
+
+
+def _newest_start(store: Any, prefix: str, part: int) -> tuple[int, str, int] | str | None:
+    """In node 0's store, under a group's ``prefix``: why the group is gone,
+    else its newest start, claimed for ``part`` (number, address, port),
+    else ``None`` (no start yet, or the newest one already had this part:
+    this part's earlier run, or the run of a host this one replaces)."""
+    if store.check([prefix + "gone"]):
+        return str(store.get(prefix + "gone").decode())
+    if not store.check([prefix + "offered"]):
+        return None
+    number = int(store.get(prefix + "offered"))
+    if store.add(f"{prefix}joined/{number}/{part}", 1) != 1:
+        return None
+    address, port = store.get(f"{prefix}store/{number}").decode().rsplit(" ", 1)
+    return number, address, int(port)

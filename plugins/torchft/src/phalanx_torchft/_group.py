@@ -4,8 +4,15 @@ store of the group's own, on ADDRESS: 127.0.0.1 on one host, the address
 other hosts reach on several), with no restart of its own: the launching
 process restarts the whole group.
 
+Where the group spans NUM_NODES hosts, this is its part on one of them
+(NODE_RANK among them), run as the ``subprocess`` launcher runs a job of
+NUM_NODES nodes without restarts: they meet in the group's store at
+``MASTER_ADDR:MASTER_PORT``, which part 0 hosts, and a failure in one part
+stops the others (the node watch), so that every host's launcher starts its
+part again.
+
     python -m phalanx_torchft._group NUM_PROCESSES MONITOR_INTERVAL RENDEZVOUS_TIMEOUT PARENT_PID \\
-        ADDRESS -- COMMAND...
+        ADDRESS NUM_NODES NODE_RANK -- COMMAND...
 
 Exits 0 when every rank did, else with the first failed rank's status,
 after saying which rank it was.
@@ -21,18 +28,18 @@ from phalanx_core.launching import die_with_parent, exit_process
 
 def main(argv: list[str]) -> int:
     settings, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    processes, monitor_interval, rendezvous_timeout, parent, address = settings
+    processes, monitor_interval, rendezvous_timeout, parent, address, nodes, node = settings
     die_with_parent(int(parent))
     from phalanx_torch.launchers import SubprocessLauncher
 
     launcher = SubprocessLauncher(
         num_processes=int(processes),
-        num_nodes=1,
-        node_rank=0,  # NODE_RANK, where set, is this host's among the job's hosts
+        num_nodes=int(nodes),
+        node_rank=int(node),  # not NODE_RANK's: on one node it is this host's among the job's hosts
         max_restarts=0,
         monitor_interval=float(monitor_interval),
         rendezvous_timeout=float(rendezvous_timeout),
-        listen_on=address,
+        **({"listen_on": address} if int(nodes) == 1 else {}),
     )
     try:
         launcher.run_script(command)

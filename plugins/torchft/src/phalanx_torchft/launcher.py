@@ -18,7 +18,10 @@ Layout of a job on one host (``phalanx run --strategy ddp_ft
 
 On several hosts (``--num-nodes N --node-rank R --main-address A
 --main-port P`` on every host), each host runs ``replica_groups / N``
-whole groups, numbered ``R * (replica_groups / N) + i``; node 0's
+whole groups, numbered ``R * (replica_groups / N) + i``, or, with fewer
+groups than hosts, a part of group ``R // k`` of ``k = N /
+replica_groups`` hosts (see :mod:`._group`; the group's hosts learn where
+its store is through node 0's, :mod:`._end`); node 0's
 launching process hosts the lighthouse at ``A:P`` (or none does: every
 host is given ``lighthouse=URL`` of one that runs elsewhere). A group's
 store and its ranks' gloo then listen on the address this host reaches the
@@ -134,11 +137,18 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 raise MisconfigurationError(
                     f"launcher 'replica_groups': {name}={value!r}; expected an int of at least 1"
                 )
-        if replica_groups % num_nodes:
+        if replica_groups % num_nodes and num_nodes % replica_groups:
+            divisors = [str(d) for d in range(2, num_nodes) if num_nodes % d == 0]
+            spans = (
+                f" or {', '.join(divisors)} (a group on {num_nodes // int(divisors[-1])}+ hosts)"
+                if divisors
+                else ""
+            )
             raise MisconfigurationError(
                 f"launcher 'replica_groups': replica_groups={replica_groups} on num_nodes={num_nodes} "
-                "hosts: each host runs the same number of whole groups, so give a multiple of "
-                f"{num_nodes} (--replica-groups {num_nodes * max(1, replica_groups // num_nodes)})"
+                "hosts: each host runs the same number of whole groups (a multiple of "
+                f"{num_nodes}), or each group spans the same number of hosts (a divisor of {num_nodes}); "
+                f"give --replica-groups {num_nodes * max(1, replica_groups // num_nodes)}" + spans
             )
         if min_replicas > replica_groups:
             raise MisconfigurationError(
@@ -170,10 +180,26 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         self.finished_marker: Path | None = None
 
     @property
+    def hosts_per_group(self) -> int:
+        """How many hosts each group spans: 1 where each host runs whole
+        groups, else ``num_nodes / replica_groups``."""
+        return max(1, self.num_nodes // self.replica_groups)
+
+    @property
     def groups_here(self) -> range:
-        """The numbers of the groups this host runs."""
+        """The numbers of the groups this host runs (a part of, where a
+        group spans several hosts)."""
+        span = self.hosts_per_group
+        if span > 1:
+            return range(self.node_rank // span, self.node_rank // span + 1)
         count = self.replica_groups // self.num_nodes
         return range(self.node_rank * count, (self.node_rank + 1) * count)
+
+    @property
+    def part(self) -> int:
+        """This host's place among its group's hosts (0: the group's store
+        is here), where a group spans several hosts; else 0."""
+        return self.node_rank % self.hosts_per_group
 
     @classmethod
     def listens(cls, num_nodes: int) -> str | None:
@@ -192,12 +218,31 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         )
 
     def explain(self) -> dict[str, str]:
-        here = self.groups_here
-        where = (
-            "on this host"
-            if self.num_nodes == 1
-            else f"on {self.num_nodes} hosts, groups {here.start} to {here.stop - 1} on this one"
-        )
+        here, span = self.groups_here, self.hosts_per_group
+        if span > 1:
+            ranks = self.num_processes * span
+            groups = (
+                f"{self.replica_groups} replica groups of {ranks} rank(s) each, each on {span} hosts "
+                f"({self.num_processes} a host); this host runs part {self.part} of group {here.start}"
+                + (
+                    " and hosts the group's store"
+                    if self.part == 0
+                    else f", whose store node {self.node_rank - self.part} hosts"
+                )
+                + ". A failure in a part stops the group's ranks on all its hosts, and each host starts "
+                f"its part again, up to {self.max_restarts} time(s), while the other groups train on"
+            )
+        else:
+            where = (
+                "on this host"
+                if self.num_nodes == 1
+                else f"on {self.num_nodes} hosts, groups {here.start} to {here.stop - 1} on this one"
+            )
+            groups = (
+                f"{self.replica_groups} replica groups of {self.num_processes} rank(s) each {where}, "
+                "each a job of its own (store, ranks); a group that fails is started again alone, "
+                f"up to {self.max_restarts} time(s) each, while the others train on"
+            )
         if self.lighthouse is not None:
             lighthouse = f"{self.lighthouse} (lighthouse=), run by someone else; its settings are its own"
         elif self.num_nodes == 1:
@@ -214,11 +259,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "within the strategy's quorum_timeout"
             )
         return {
-            "groups": (
-                f"{self.replica_groups} replica groups of {self.num_processes} rank(s) each {where}, "
-                "each a job of its own (store, ranks); a group that fails is started again alone, "
-                f"up to {self.max_restarts} time(s) each, while the others train on"
-            ),
+            "groups": groups,
             "lighthouse": lighthouse,
             "quorum": (
                 "each step's groups are those that ask for it with a heartbeat younger than "
@@ -254,22 +295,21 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
         server = self._start_lighthouse()
         main, port = self._main()
-        shared = self.num_nodes > 1 and self.lighthouse is None  # node 0 hosts the lighthouse
+        # Node 0 hosts the lighthouse, or the groups that span hosts meet through its store.
+        shared = self.num_nodes > 1 and (self.lighthouse is None or self.hosts_per_group > 1)
         marker = Path(tempfile.mkdtemp(prefix="phalanx-replica-groups-")) / "finished"
         end = JobEnd(
             self.node_rank, self.num_nodes, main if shared else None, port + 1, self.group_address, marker
         )
         self.finished_marker = marker
-        groups = [_Group(index, self, list(command)) for index in self.groups_here]
         stopped: list[int] = []
+        groups = [_Group(index, self, list(command), end, stopped) for index in self.groups_here]
         previous = {
             number: signal.signal(number, lambda n, _f: stopped.append(n))
             for number in (signal.SIGTERM, signal.SIGHUP)
         }
         try:
             end.start()
-            for group in groups:
-                group.start()
             failed = self._watch(groups, stopped, end)
             end.host_ended()
             if not stopped:
@@ -366,11 +406,23 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         group that fails is not started again (see :mod:`._end`)."""
         given_up: _Group | None = None
         running = {group.index: group for group in groups}
+        for group in groups:
+            if not group.start():
+                del running[group.index]
+                given_up = given_up if group.why_not_started == _FINISHED else given_up or group
         while running and not stopped:
             time.sleep(self.monitor_interval)
             for index, group in sorted(running.items()):
                 status = group.poll()
                 if status is None:
+                    if group.waits_for_a_lost_part():
+                        del running[index]
+                        stop_processes([group.process], grace=STOP_GRACE)
+                        _say(
+                            f"phalanx run: replica group {index} waited for a host of its own after group "
+                            f"{end.finished_by} had ended the job; stopped, not started again"
+                        )
+                        end.group_gone(index, _FINISHED)
                     continue
                 if status == 0:
                     del running[index]
@@ -382,13 +434,16 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                         f"{finisher} had ended the job; not started again: it would find no peer to heal "
                         "from, and the job's result is in the groups that ended"
                     )
+                    end.group_gone(index, _FINISHED)
                 elif group.restarts < self.max_restarts:
                     group.restarts += 1
                     _say(
                         f"phalanx run: replica group {index} failed ({group.say_status()}); starting "
                         f"it again ({group.restarts} of {self.max_restarts}); the other groups go on"
                     )
-                    group.start()
+                    if not group.start():
+                        del running[index]
+                        given_up = given_up if group.why_not_started == _FINISHED else given_up or group
                 else:
                     del running[index]
                     given_up = given_up or group
@@ -397,6 +452,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                         f"phalanx run: replica group {index} failed ({group.say_status()}) and may not "
                         f"start again (max_restarts={self.max_restarts}); {others}"
                     )
+                    end.group_gone(index, f"it failed more often than max_restarts={self.max_restarts}")
         return given_up
 
 
@@ -404,19 +460,46 @@ class _Group:
     """One replica group's process, its restarts, and the copying of its
     output with each line marked by the group."""
 
-    def __init__(self, index: int, launcher: ReplicaGroupsLauncher, command: list[str]) -> None:
+    def __init__(
+        self, index: int, launcher: ReplicaGroupsLauncher, command: list[str], end: JobEnd, stopped: list[int]
+    ) -> None:
         self.index = index
         self.launcher = launcher
         self.command = command
+        self.end = end
+        self.stopped = stopped
         self.restarts = 0
         self.status: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._copiers: list[threading.Thread] = []
+        #: Where the group spans hosts: the number of its start that this
+        #: part runs in (-1 before the first).
+        self.start_number = -1
+        #: Why :meth:`start` started nothing.
+        self.why_not_started = ""
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start the group's ranks (this host's part of them, where the
+        group spans hosts); ``False`` where it cannot start again (see
+        ``why_not_started``, said on stderr)."""
         self.join_output()
         self.status = None
         launcher = self.launcher
+        span = launcher.hosts_per_group
+        # strategy.restart_count in the group's ranks: this group's restarts.
+        restarts = self.restarts
+        address = launcher.group_address
+        # The group's ranks are a one-node job, whatever --num-nodes says, or a job on its own hosts.
+        job: dict[str, str] = run_flags_changed(num_nodes=span)
+        if span > 1:
+            found = self._meet()
+            if isinstance(found, str):
+                self.why_not_started = found
+                _say(f"phalanx run: replica group {self.index} is not started again here: {found}")
+                return False
+            self.start_number, main, port = found
+            restarts = self.start_number - 1  # the group's starts, counted by part 0 from 1
+            job.update(MASTER_ADDR=main, MASTER_PORT=str(port), NODE_RANK=str(launcher.part))
         env = {
             **os.environ,
             REPLICA_GROUP_VAR: str(self.index),
@@ -424,17 +507,17 @@ class _Group:
             LIGHTHOUSE_VAR: str(launcher.lighthouse_url),
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
             FINISHED_FILE_VAR: str(launcher.finished_marker),
-            # strategy.restart_count in the group's ranks: this group's restarts.
-            RESTART_COUNT_VAR: str(self.restarts),
-            # The group's ranks are a one-node job, whatever --num-nodes says.
-            **run_flags_changed(num_nodes=1),
+            RESTART_COUNT_VAR: str(restarts),
+            **job,
         }
         settings = [
             str(launcher.num_processes),
             str(launcher.monitor_interval),
             str(launcher.rendezvous_timeout),
             str(os.getpid()),
-            launcher.group_address,
+            address,
+            str(span),
+            str(launcher.part),
         ]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "phalanx_torchft._group", *settings, "--", *self.command],
@@ -451,6 +534,33 @@ class _Group:
         ]
         for copier in self._copiers:
             copier.start()
+        return True
+
+    def _meet(self) -> tuple[int, str, int] | str:
+        """Where this start of a group that spans hosts meets (its number,
+        the group's store's address and port): offered by part 0, which
+        hosts the store; taken by the others. Else why it cannot start."""
+        launcher, end = self.launcher, self.end
+        if end.finished() is not None:
+            return _FINISHED
+        if launcher.part == 0:
+            port = _free_port(launcher.group_address)
+            number = end.offer_group_store(self.index, launcher.group_address, port)
+            if number is None:
+                return f"node 0's store at {end.address}:{end.port}, where the group's hosts meet, is lost"
+            return number, launcher.group_address, port
+        found = end.take_group_store(self.index, launcher.part, launcher.rendezvous_timeout, self.stopped)
+        if isinstance(found, str) and end.finished_by is not None:
+            return _FINISHED
+        return found
+
+    def waits_for_a_lost_part(self) -> bool:
+        """Part 0 of a group that spans hosts, once the job has finished: a
+        start that another part never took waits for a host that is gone."""
+        launcher, end = self.launcher, self.end
+        if launcher.hosts_per_group == 1 or launcher.part != 0 or end.finished_by is None:
+            return False
+        return not end.joined(self.index, self.start_number, launcher.hosts_per_group)
 
     def _copy(self, source: IO[bytes], sink: Any) -> None:
         mark = f"[group{self.index}".encode()
@@ -482,6 +592,20 @@ class _Group:
     def exit_status(self) -> int:
         status = self.status or 1
         return 128 - status if status < 0 else status
+
+
+#: Why a group is not started again once the job has finished.
+_FINISHED = "the job has finished"
+
+
+def _free_port(address: str) -> int:
+    """A port the kernel gives on ``address``, free as this returns."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
 
 
 def _url_host(address: str) -> str:

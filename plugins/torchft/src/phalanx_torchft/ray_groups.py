@@ -89,6 +89,13 @@ class RayReplicaGroupsLauncher(ReplicaGroupsLauncher):
             monitor_interval=monitor_interval,
             rendezvous_timeout=rendezvous_timeout,
         )
+        if self.hosts_per_group > 1:
+            raise MisconfigurationError(
+                f"{_TAG} runs whole groups on each Ray node, and replica_groups={replica_groups} on "
+                f"num_nodes={num_nodes} nodes would spread each group over {self.hosts_per_group} "
+                "nodes; give replica_groups a multiple of num_nodes, or run the groups that span hosts "
+                "with launcher replica_groups (phalanx run on every host, or srun / mpirun)"
+            )
         device = getattr(accelerator, "name", "cpu")
         if device != "cpu":
             raise MisconfigurationError(
