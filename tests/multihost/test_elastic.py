@@ -35,10 +35,13 @@ SAMPLES, EPOCHS = 120, 2
 PAUSE = "0.25"
 
 
-def command(node: int, out: Path, *flags: str) -> list[str]:
+ELASTIC = ("--num-nodes", "2:3", "--max-restarts", "3")
+
+
+def command(node: int, out: Path, *flags: str, nodes: tuple[str, ...] = ELASTIC) -> list[str]:
     return [
         sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
-        "--devices", "1", "--num-nodes", "2:3", "--max-restarts", "3", "--node-rank", str(node),
+        "--devices", "1", *nodes, "--node-rank", str(node),
         "--main-address", "192.168.77.1", "--main-port", PORT, *flags,
         JOB, str(out), str(SAMPLES), PAUSE,
     ]  # fmt: skip
@@ -47,8 +50,8 @@ def command(node: int, out: Path, *flags: str) -> list[str]:
 class Job:
     """One node's ``phalanx run`` per host, started and watched one by one."""
 
-    def __init__(self, bed, out: Path, flags: tuple[str, ...] = ()) -> None:
-        self.bed, self.out, self.flags = bed, out, flags
+    def __init__(self, bed, out: Path, flags: tuple[str, ...] = (), nodes: tuple[str, ...] = ELASTIC) -> None:
+        self.bed, self.out, self.flags, self.nodes = bed, out, flags, nodes
         self.tag = new_tag()
         self.runs: dict[str, list[subprocess.Popen]] = {}
         self.logs: list[Path] = []
@@ -59,7 +62,7 @@ class Job:
         self.logs.append(log)
         with open(log, "w") as file:
             process = host.popen(
-                command(index, self.out, *self.flags),
+                command(index, self.out, *self.flags, nodes=self.nodes),
                 env=scheduler_free_environment(**{TAG_VAR: self.tag}),
                 cwd=Path(__file__).resolve().parents[2],
                 stdout=file,
@@ -184,6 +187,32 @@ def test_a_host_lost_without_a_word_is_seen_by_its_heartbeat_and_the_job_goes_on
     assert "node 2 (host node2) is lost: its launching process stopped beating" in text, text
     assert "(restart 1 of 3)" in text, text
     print(f"from the loss to the first step on two hosts: {recovered:.1f} s")
+
+
+def test_a_host_cut_off_in_a_job_of_fixed_nodes_ends_the_job_naming_it(make_bed, out):
+    """``--num-nodes 2``, no restarts (no rounds): host 1 is cut off the
+    network. Node 0's rank would wait in its collective until gloo's
+    timeout (30 minutes); node 0 watches node 1's heartbeat, sees it stop,
+    and ends naming the lost host. Node 1, whose requests to node 0's store
+    go unanswered, ends saying node 0 is lost. Nothing is left running."""
+    bed = make_bed(2)
+    job = Job(bed, out, nodes=("--num-nodes", "2"))
+    for index in range(2):
+        job.start(index)
+    job.wait_for(lambda: job.steps(world=2) >= 4)
+    bed.cut(bed.hosts[1])
+    cut_at = time.monotonic()
+    codes = job.wait(120)
+    took = time.monotonic() - cut_at
+    assert codes == {"node0": 1, "node1": 1}, job.describe()
+    first, second = (log.read_text() for log in job.logs)
+    lost = (
+        "phalanx run: node 1 (host node1) is lost: its launching process stopped beating in the job's store"
+    )
+    assert lost in first, first[-3000:]
+    assert "node 0 is lost" in second, second[-3000:]
+    assert took < 60, (took, job.describe())  # the heartbeat's 15 s, not gloo's 30 minutes
+    print(f"from the cut to the end of both nodes: {took:.1f} s")
 
 
 @pytest.mark.parametrize("how", ["killed", "lost-without-a-word"])

@@ -185,9 +185,10 @@ class WorkerFailedError(PhalanxError, RuntimeError):
 class NodeLostError(WorkerFailedError):
     """A node of a launched job was lost (its launching process, or its
     host) in a way the job cannot survive: the node that held the job's
-    rendezvous store, where the store was on a node. ``node`` is that node,
-    ``address`` where its store was. ``rank`` is -1: no rank of this node
-    failed."""
+    rendezvous store, where the store was on a node, or any node of a job
+    of fixed nodes without restarts. ``node`` is that node, ``address``
+    where its store was, or its host. ``rank`` is -1: no rank of this
+    node failed."""
 
     def __init__(self, message: str, *, node: int, address: str) -> None:
         super().__init__(message, rank=-1, node=node)

@@ -246,3 +246,55 @@ def test_a_lost_host_of_a_group_on_two_hosts_is_waited_for_until_the_job_ends(tm
         assert not job.diverged(), (job.diverged(), output)
         for host in bed.hosts[:3]:
             assert bed.pids(host) == [], output  # nothing of the job left
+
+
+def test_a_host_of_a_group_on_two_hosts_cut_off_the_network_stops_the_group_until_it_is_back(tmp_path):
+    # Group 1 on nodes 2 and 3; node 3 cut off for 25 s. Group 1's rank on
+    # node 2 waits in the group's all-reduce with node 3's, but node 2's
+    # part watches node 3's heartbeat: after 15 s it stops, naming node 3's
+    # host, and node 2 starts its part again, to wait for node 3. Node 3's
+    # part, whose requests to the group's store go unanswered, ends too, and
+    # takes the group's next start once the network is back: group 1 heals
+    # from group 0, which was never stopped. Group 1's manager on node 2
+    # beats to the lighthouse until node 2's part stops: no quorum of group 0
+    # alone (one of two live groups is no majority) until then, so group 0
+    # waits for its quorum longer than that (quorum_timeout=30), or it too
+    # would fail and start again.
+    if missing() is not None:
+        pytest.fail(f"these tests need network namespaces: {missing()}")
+    with TestBed(4, subnet="192.168.79") as bed:
+        timeouts = ("-o", "replica_timeout=3", "-o", "quorum_timeout=30")
+        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", *timeouts, hosts=bed.hosts)
+        job.wait_for(lambda: any(s[0] == 1 and s[3] >= 5 and s[5] == 2 for s in job.steps), "both at step 5")
+        bed.cut(bed.hosts[3])
+        cut_at = time.monotonic()
+        lost = "node 1 (host node3) is lost: its launching process stopped beating"
+        job.wait_for(lambda: lost in job.output, "node 2 naming node 3's host", timeout=60)
+        job.wait_for(
+            lambda: sum(1 for s in job.steps if s[0] == 0 and s[6] > cut_at and s[5] == 1 and s[4]) >= 3,
+            "group 0 training alone",
+        )
+        time.sleep(max(0.0, cut_at + 25 - time.monotonic()))
+        bed.reconnect(bed.hosts[3])
+        back_at = time.monotonic()
+        job.wait_for(
+            lambda: any(
+                s[0] == 1 and s[1] == 1 and s[6] > back_at and s[4] and s[5] == 2 and s[7] for s in job.steps
+            ),
+            "group 1 training with group 0 again",
+        )
+        job.stop_after(5)
+        assert job.finish() == 0, job.output
+        output = job.output
+        assert job.codes == [0, 0, 0, 0], (job.codes, output)
+        for rank in (0, 1):
+            assert len(ranks_of(job, 0, rank)) == 1, output  # group 0 never restarted
+            assert len(ranks_of(job, 1, rank)) == 2, output  # group 1 started again once, on both hosts
+        # No split brain: group 1 committed nothing on its own while cut.
+        assert not job.diverged(), (job.diverged(), output)
+        alone = [s for s in job.steps if s[0] == 1 and cut_at + 5 < s[6] < back_at and s[4]]
+        assert not alone, (alone, output)
+        same_weights_everywhere(job, 4)
+        trained = job.trained()
+        for epoch in sorted(trained)[:-1]:
+            assert set(trained[epoch]) == set(range(120)), (epoch, output)

@@ -14,6 +14,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -331,21 +332,36 @@ class SubprocessLauncher(Launcher):
             **newer,
             **rendezvous,
         )
-        watch = NodeWatch(self._watch_store(), self.node_rank, self.num_nodes, hosts_store=self._hosts_store)
         node = self.node_rank if self.num_nodes > 1 else None
         heartbeat = None
-        if self.elastic:  # a host lost without a word fails the round
+        if self.num_nodes > 1:  # a host lost without a word fails the round, or ends the job
             connect = self._watch_store()
             assert connect is not None  # several nodes
             silent = None
             if self._place().kind == "c10d" and not self._hosts_store:
                 silent = functools.partial(self._store_silent, who)
             heartbeat = Heartbeat(connect, interval_for(self.num_nodes, self._place().kind), on_silent=silent)
+        # A job in rounds: its agent watches the heartbeat; of fixed nodes, the node watch.
+        watch = NodeWatch(
+            self._watch_store(),
+            self.node_rank,
+            self.num_nodes,
+            hosts_store=self._hosts_store,
+            heartbeat=None if self.elastic else heartbeat,
+        )
+        if heartbeat is not None and not self.elastic:
+            heartbeat.on_lost = functools.partial(self._host_lost, watch)
         with (
             _variables(variables),
             signal_handlers_kept(),
             watch,
-            agent_class(who, self.max_restarts, node, elastic=self.elastic, heartbeat=heartbeat),
+            agent_class(
+                who,
+                self.max_restarts,
+                node,
+                elastic=self.elastic,
+                heartbeat=heartbeat if self.elastic else None,
+            ),
         ):
             # A signal from the watch may come while this node handles a
             # failure of its own ranks, before settle() tells the watch to
@@ -387,6 +403,12 @@ class SubprocessLauncher(Launcher):
                     own = raised_before(logs, ranks, node_now, watch.interrupted_at)
                     cause = watch.settle(root_cause(own)) if own else watch.cause()
                     assert cause is not None  # the watch read a post before it stopped the ranks
+                    if cause.died is not None and cause.node is not None:  # a host lost: _host_lost
+                        raise NodeLostError(
+                            f"node {cause.node} (host {cause.host}) is lost: {cause.died}",
+                            node=cause.node,
+                            address=cause.host or "?",
+                        ) from None
                     if prefix_lines and all(cause is not failure for failure in own):
                         print_elsewhere(cause)  # the ranks of another node failed first
                     stopped = stopped_words(self.num_nodes)
@@ -446,6 +468,25 @@ class SubprocessLauncher(Launcher):
         say(who, str(error))
         sys.stdout.flush()
         os._exit(1)
+
+    def _host_lost(self, watch: NodeWatch, node: int, host: str, seconds: float) -> None:
+        """A job of fixed nodes: the heartbeat found node ``node`` lost
+        without a word; every node ends with a :class:`NodeLostError` that
+        names it (posted as a failure of its first rank, ``died``)."""
+        watch.post_cause(
+            RankFailure(
+                node * self.num_processes,
+                when=time.time(),
+                node=node,
+                host=host,
+                died=(
+                    f"its launching process stopped beating in the job's store {seconds:.0f} s ago, "
+                    "as a host that loses its power or its network does (its ranks' peers would "
+                    "have waited for them in a collective until gloo's timeout), so every node "
+                    "stops. With --num-nodes MIN:MAX and --max-restarts the job goes on without it"
+                ),
+            )
+        )
 
     def _node_zero_lost(self, exc: BaseException) -> WorkerFailedError:
         place = self._place()

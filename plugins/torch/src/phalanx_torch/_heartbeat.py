@@ -1,6 +1,8 @@
-"""Heartbeats of the nodes of a job in rounds, in the job's store: a host
-lost without a word (its power, its network) is seen within
-:data:`LOST_AFTER` seconds, and the job restarts without it.
+"""Heartbeats of the nodes of a job of several nodes, in the job's store: a
+host lost without a word (its power, its network) is seen within
+:data:`LOST_AFTER` seconds, and the job restarts without it (a job in
+rounds) or ends naming it (a job of fixed nodes without restarts, whose
+node watch posts the loss: ``on_lost``).
 
 A host whose processes are killed closes their connections as they end,
 and the ranks of the other nodes fail at once in their next collective. A
@@ -53,6 +55,7 @@ class Heartbeat:
         lost_after: float = LOST_AFTER,
         *,
         on_silent: Callable[[Heartbeat, float], None] | None = None,
+        on_lost: Callable[[int, str, float], None] | None = None,
     ) -> None:
         self.connect = connect
         self.interval = interval
@@ -63,6 +66,10 @@ class Heartbeat:
         #: request waits for TCP to give up (a quarter of an hour). It is
         #: given this heartbeat (its :attr:`agent`) and the seconds.
         self.on_silent = on_silent
+        #: Called (from the heartbeat's thread) when the watched node is
+        #: found lost, with its node rank, its host and the seconds it was
+        #: silent; else only :attr:`lost` says so (an agent reads it).
+        self.on_lost = on_lost
         #: This node's agent (elastic's), once a round has started.
         self.agent: Any = None
         self._asking_since: float | None = None
@@ -151,6 +158,9 @@ class Heartbeat:
                 if store.check([self._key(round_, other, "host")]):  # a get would wait for it
                     host = bytes(store.get(self._key(round_, other, "host"))).decode()
             with self._lock:
-                if self._round == here:
+                found = self._round == here
+                if found:
                     self.lost = (other, host)
+            if found and self.on_lost is not None:
+                self.on_lost(other, host, now - since)
             since = now  # said once a lost_after

@@ -15,11 +15,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx_core.launching import RankFailure, root_cause
 
 from ._rounds import MET
+
+if TYPE_CHECKING:
+    from ._heartbeat import Heartbeat
 
 #: What a node posts, in place of a failure, to wake its own watch as its
 #: launch ends: well (every node's watch leaves), or otherwise (the others
@@ -77,9 +80,19 @@ class NodeWatch:
     LEAVE = 2.0
 
     def __init__(
-        self, connect: Callable[[], Any] | None, node_rank: int, num_nodes: int, *, hosts_store: bool
+        self,
+        connect: Callable[[], Any] | None,
+        node_rank: int,
+        num_nodes: int,
+        *,
+        hosts_store: bool,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.connect = connect
+        #: A job of fixed nodes: the heartbeat this watch starts once the
+        #: nodes have met (one round, numbered 0) and ends with the launch;
+        #: its :attr:`~Heartbeat.on_lost` should call :meth:`post_cause`.
+        self.heartbeat = heartbeat
         self.node_rank = node_rank
         self.num_nodes = num_nodes
         self.hosts_store = hosts_store
@@ -110,6 +123,10 @@ class NodeWatch:
         with self._signal_lock:  # no signal once the launch is over
             self._stop.set()
         ended = exc_info[0] is None
+        if self.heartbeat is not None:
+            if ended:
+                self.heartbeat.done()  # the others finishing do not take this node for lost
+            self.heartbeat.close()
         self._wake(ended=ended)
         if self._thread is not None:
             self._thread.join(self.POLL * 5)
@@ -144,6 +161,25 @@ class NodeWatch:
             if not self._stop.is_set():
                 self.interrupted_at = time.time()
                 os.kill(os.getpid(), signal.SIGTERM)
+
+    def post_cause(self, failure: RankFailure) -> None:
+        """A failure this node saw elsewhere (a node lost without a word,
+        which posts nothing itself): post it as a cause, so that every node
+        names it, and stop this node's ranks, as another node's post does."""
+        with self._signal_lock:
+            if self._stop.is_set():
+                return
+        from . import _etcd3
+
+        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+            store = self._connect()
+            text = f"{self.me} {json.dumps(failure.to_dict())}"
+            store.set(f"post/{store.add('posts', 1)}", text)
+            store.set(f"cause/{store.add('causes', 1)}", text)
+        if self.remote is None:
+            self.remote = failure
+        self._interrupt()
+        self._stop.set()  # the watch reads this post as its own, and leaves
 
     def _connect(self) -> Any:
         with self._lock:
@@ -199,6 +235,8 @@ class NodeWatch:
         while not MET.wait(self.POLL):
             if self._stop.is_set():
                 return
+        if self.heartbeat is not None:
+            self.heartbeat.start_round(0, self.node_rank, self.num_nodes)
         try:
             import torch.distributed as dist
 
