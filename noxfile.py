@@ -361,7 +361,8 @@ def torchft(session: nox.Session) -> None:
     killed with SIGKILL while the job trains, the others going on, the
     killed one healing from a peer; then on three hosts made of network
     namespaces (root and iproute2, as ``multihost``): a host killed whole,
-    one cut off the network, the lighthouse's host lost."""
+    one cut off the network, the lighthouse's host lost; and on four, two
+    groups of two hosts each: a rank killed, a host lost, a host cut off."""
     apt_install(session, "iproute2")
     install_packages(session)
     session.install(TORCHFT, "pytest>=8")

@@ -288,7 +288,7 @@ def test_the_replica_groups_options_are_checked():
         ReplicaGroupsLauncher(num_nodes=3, node_rank=0, replica_groups=4)
     with pytest.raises(
         MisconfigurationError,
-        match=r"replica_groups=4 on num_nodes=6 hosts: .*groups 6 or 2, 3 \(a group on 2\+ hosts\)",
+        match=r"replica_groups=4 on num_nodes=6 hosts: .*groups 6, 3 \(2 hosts a group\), 2 \(3 hosts a group\)$",
     ):
         ReplicaGroupsLauncher(num_nodes=6, node_rank=0, replica_groups=4)
     with pytest.raises(MisconfigurationError, match=r"lighthouse='node0:29510'; give a running TorchFT"):

@@ -138,17 +138,16 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                     f"launcher 'replica_groups': {name}={value!r}; expected an int of at least 1"
                 )
         if replica_groups % num_nodes and num_nodes % replica_groups:
-            divisors = [str(d) for d in range(2, num_nodes) if num_nodes % d == 0]
-            spans = (
-                f" or {', '.join(divisors)} (a group on {num_nodes // int(divisors[-1])}+ hosts)"
-                if divisors
-                else ""
+            spans = "".join(
+                f", {d} ({num_nodes // d} hosts a group)"
+                for d in range(num_nodes - 1, 1, -1)
+                if num_nodes % d == 0
             )
             raise MisconfigurationError(
                 f"launcher 'replica_groups': replica_groups={replica_groups} on num_nodes={num_nodes} "
                 "hosts: each host runs the same number of whole groups (a multiple of "
                 f"{num_nodes}), or each group spans the same number of hosts (a divisor of {num_nodes}); "
-                f"give --replica-groups {num_nodes * max(1, replica_groups // num_nodes)}" + spans
+                f"give --replica-groups {num_nodes * max(1, replica_groups // num_nodes)}{spans}"
             )
         if min_replicas > replica_groups:
             raise MisconfigurationError(
@@ -211,10 +210,12 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             )
         return (
             "node 0: the lighthouse at the main address and port, and a store at the main port + 1 "
-            "where the hosts say that the job has ended (neither where lighthouse=URL is given); "
-            "every node: each group's store and its ranks' gloo (healing transfers included) on the "
-            "address that reaches the lighthouse; every interface ([::]): TorchFT's manager server "
-            "(each group's rank 0), which TorchFT 0.2 binds so with no option to narrow it"
+            "where the hosts say that the job has ended and where a group's store is (the lighthouse "
+            "not where lighthouse=URL is given; the store then only where groups span hosts); every "
+            "node: each group's store (a group's first host, where it spans hosts) and its ranks' "
+            "gloo (healing transfers included) on the address that reaches the lighthouse, on ports "
+            "the kernel gives; every interface ([::]): TorchFT's manager server (each group's rank "
+            "0), which TorchFT 0.2 binds so with no option to narrow it"
         )
 
     def explain(self) -> dict[str, str]:
