@@ -94,6 +94,20 @@ def test_a_failing_rank_shows_its_traceback_once_and_the_exit_code_is_not_zero()
     assert "Sending process" not in output  # elastic's agent is quiet
 
 
+def test_a_rank_that_raised_and_is_still_exiting_is_named_rather_than_the_peer_that_lost_it():
+    # Rank 1 raises, then lingers in its exception hook; rank 0 loses it and
+    # exits first. torch 2.9's elastic reported only the ranks that had
+    # exited when it looked (rank 0, which only lost its peer) and stopped
+    # rank 1 unreported: its error file names it.
+    done = run(
+        "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", str(SCRIPTS / "fail_slow_exit.py")
+    )
+    assert done.returncode == 1
+    assert (
+        "phalanx run: rank 1 raised first; its traceback is in the lines above marked [rank1]" in done.stderr
+    ), done.stderr[-3000:]
+
+
 def test_bad_flags_are_refused_before_any_rank_starts():
     done = run("--strategy", "single_device", "--devices", "2", str(SCRIPTS / "report.py"), "x")
     assert done.returncode == 1

@@ -19,7 +19,7 @@ from typing import Any
 
 from phalanx_core.launching import RankFailure, root_cause, signal_name
 
-from ._heartbeat import LOST_AFTER, Heartbeat
+from ._heartbeat import Heartbeat
 from ._ranks import RESULTS_DIR_VAR
 
 
@@ -65,6 +65,7 @@ def agent_class(
 
     launcher_api: Any = api
     base = launcher_api.LocalElasticAgent
+    lost_after = heartbeat.lost_after if heartbeat is not None else 0.0  # read only once it has one
 
     class PhalanxAgent(base):  # type: ignore[misc, valid-type]  # a class made at run time
         _last: Any = None
@@ -109,7 +110,7 @@ def agent_class(
                 from phalanx_core import NodeLostError
 
                 node, host = self._lost
-                words = f"{_lost_words(self._lost)}, and the job has no restarts left"
+                words = f"{_lost_words(self._lost, lost_after)}, and the job has no restarts left"
                 raise NodeLostError(words, node=node, address=host)
             return result
 
@@ -158,7 +159,7 @@ def agent_class(
             failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
             if self._lost is not None:
                 restart = max_restarts - self._remaining_restarts
-                say(who, f"{_lost_words(self._lost)}; every rank is stopped and started again "
+                say(who, f"{_lost_words(self._lost, lost_after)}; every rank is stopped and started again "
                     f"(restart {restart} of {max_restarts})")  # fmt: skip
             elif failed and not self._joining:
                 restart = max_restarts - self._remaining_restarts
@@ -193,11 +194,11 @@ def agent_class(
             heartbeat.close()
 
 
-def _lost_words(lost: tuple[int, str]) -> str:
+def _lost_words(lost: tuple[int, str], seconds: float) -> str:
     node, host = lost
     return (
         f"node {node} (host {host}) is lost: its launching process stopped beating in the job's store "
-        f"{LOST_AFTER:g} s ago or more (a host lost without a word: its power, its network), and the ranks "
+        f"{seconds:g} s ago or more (a host lost without a word: its power, its network), and the ranks "
         "wait for it in vain"
     )
 
@@ -228,7 +229,9 @@ def failures_of(exc: Any, node_rank: int | None) -> list[RankFailure]:
     """Every failed rank of elastic's ChildFailedError, each at the time its
     error file was written where there is one (elastic orders by whole
     seconds, which often names a rank that only lost its peer; the file's
-    time is finer). ``node_rank``: this node's, in a job of several."""
+    time is finer), and the ranks of this node that raised but that elastic
+    stopped before it saw them fail (:func:`_raised_unseen`).
+    ``node_rank``: this node's, in a job of several."""
     failures = []
     host = socket.gethostname() if node_rank is not None else None
     for rank, failure in exc.failures.items():
@@ -239,7 +242,38 @@ def failures_of(exc: Any, node_rank: int | None) -> list[RankFailure]:
         failures.append(
             RankFailure(int(rank), failure.exitcode, traceback_text, when, node=node_rank, host=host)
         )
-    return failures
+    return failures + _raised_unseen(exc, node_rank)
+
+
+def _raised_unseen(exc: Any, node_rank: int | None) -> list[RankFailure]:
+    """This node's ranks that wrote an error file in the failed attempt (so
+    raised: a rank stopped by a signal writes none) but are not among
+    ``exc``'s failures. Elastic reports the ranks that had exited when it
+    looked and stops the rest: a rank whose exception tore its group down
+    may still be exiting when its peer, which only lost it, has exited."""
+    known = {int(rank): failure for rank, failure in exc.failures.items()}
+    if not known:
+        return []
+    rank, failure = next(iter(known.items()))
+    first = rank - int(failure.local_rank)  # this node's first rank: local ranks are consecutive
+    attempt = Path(failure.error_file).parent.parent
+    unseen = []
+    for path in attempt.glob("*/error.json"):
+        if path.parent.name.isdigit() and first + int(path.parent.name) not in known:
+            unseen += _read_error_file(path, first + int(path.parent.name), node_rank)
+    return unseen
+
+
+def _read_error_file(path: Path, rank: int, node_rank: int | None) -> list[RankFailure]:
+    """The failure that rank ``rank``'s error file records (none where it
+    cannot be read)."""
+    try:
+        when = path.stat().st_mtime
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    host = socket.gethostname() if node_rank is not None else None
+    return [RankFailure(rank, 1, _traceback_of(data), when, node=node_rank, host=host)]
 
 
 def _traceback_of(error_file_data: dict[str, Any]) -> str | None:
@@ -263,20 +297,14 @@ def raised_before(logs: Path, ranks: range, node_rank: int | None, before: float
     if not files:
         return []
     last = max(int(path.parent.parent.name.removeprefix("attempt_")) for path in files)
-    host = socket.gethostname() if node_rank is not None else None
     failures = []
     for path in files:
         if path.parent.parent.name != f"attempt_{last}" or not path.parent.name.isdigit():
             continue
-        try:
-            when = path.stat().st_mtime
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
         local = int(path.parent.name)
-        if when >= before or local >= len(ranks):
-            continue  # written as it was stopped, or not a rank of this round
-        failures.append(RankFailure(ranks[local], 1, _traceback_of(data), when, node=node_rank, host=host))
+        if local >= len(ranks):
+            continue  # not a rank of this round
+        failures += [f for f in _read_error_file(path, ranks[local], node_rank) if f.when < before]
     return failures
 
 
