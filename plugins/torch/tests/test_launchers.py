@@ -645,6 +645,11 @@ def test_subprocess_options_are_checked(monkeypatch):
     assert etcd._place().endpoints == (("a", 2379), ("b", 2400)) and etcd._place().name == "job7"
     with pytest.raises(MisconfigurationError, match=r"max_restarts=-1"):
         SubprocessLauncher(max_restarts=-1)
+    assert SubprocessLauncher(num_nodes=2, node_rank=0, host_lost_after=6).host_lost_after == 6.0
+    with pytest.raises(MisconfigurationError, match=r"host_lost_after=3; a host is taken for lost after 5"):
+        SubprocessLauncher(num_nodes=2, node_rank=0, host_lost_after=3)
+    with pytest.raises(MisconfigurationError, match=r"host_lost_after='x'; expected a number of seconds"):
+        SubprocessLauncher(num_nodes=2, node_rank=0, host_lost_after="x")  # type: ignore[arg-type]
     monkeypatch.setenv("NODE_RANK", "2")
     assert SubprocessLauncher(environment=LocalEnvironment(), num_nodes=3).node_rank == 2
     with pytest.raises(MisconfigurationError, match=r"listen_on='192.0.2.7' is not an address of this host"):

@@ -6,6 +6,7 @@ lost group, back, heals from a peer."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -251,20 +252,21 @@ def test_a_lost_host_of_a_group_on_two_hosts_is_waited_for_until_the_job_ends(tm
 def test_a_host_of_a_group_on_two_hosts_cut_off_the_network_stops_the_group_until_it_is_back(tmp_path):
     # Group 1 on nodes 2 and 3; node 3 cut off for 25 s. Group 1's rank on
     # node 2 waits in the group's all-reduce with node 3's, but node 2's
-    # part watches node 3's heartbeat: after 15 s it stops, naming node 3's
-    # host, and node 2 starts its part again, to wait for node 3. Node 3's
-    # part, whose requests to the group's store go unanswered, ends too, and
-    # takes the group's next start once the network is back: group 1 heals
-    # from group 0, which was never stopped. Group 1's manager on node 2
-    # beats to the lighthouse until node 2's part stops: no quorum of group 0
-    # alone (one of two live groups is no majority) until then, so group 0
-    # waits for its quorum longer than that (quorum_timeout=30), or it too
-    # would fail and start again.
+    # part watches node 3's heartbeat: after 5 s (a part's host_lost_after)
+    # it stops, naming node 3's host, and node 2 starts its part again, to
+    # wait for node 3. Node 3's part, whose requests to the group's store go
+    # unanswered, ends too, and takes the group's next start once the
+    # network is back: group 1 heals from group 0, which was never stopped.
+    # Group 1's manager on node 2 beats to the lighthouse until node 2's part
+    # stops: no quorum of group 0 alone (one of two live groups is no
+    # majority) until then, a stall shorter than TorchFT's default
+    # quorum_timeout (10 s), so group 0 is never stopped.
     if missing() is not None:
         pytest.fail(f"these tests need network namespaces: {missing()}")
     with TestBed(4, subnet="192.168.79") as bed:
-        timeouts = ("-o", "replica_timeout=3", "-o", "quorum_timeout=30")
-        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", *timeouts, hosts=bed.hosts)
+        job = Job(
+            tmp_path, "--devices", "1", "--replica-groups", "2", "-o", "replica_timeout=3", hosts=bed.hosts
+        )
         job.wait_for(lambda: any(s[0] == 1 and s[3] >= 5 and s[5] == 2 for s in job.steps), "both at step 5")
         bed.cut(bed.hosts[3])
         cut_at = time.monotonic()
@@ -298,3 +300,74 @@ def test_a_host_of_a_group_on_two_hosts_cut_off_the_network_stops_the_group_unti
         trained = job.trained()
         for epoch in sorted(trained)[:-1]:
             assert set(trained[epoch]) == set(range(120)), (epoch, output)
+        commits = [
+            s[6] for s in job.steps if s[0] == 0 and s[1] == 0 and s[4] and cut_at - 5 < s[6] < back_at
+        ]
+        gap = max(b - a for a, b in itertools.pairwise(commits))
+        print(f"group 0's longest gap between two commits across the cut: {gap:.1f} s")
+
+
+#: Put on the job's PYTHONPATH: on host node2, once the file that
+#: SLOW_PART names exists, the next launching process of a group's part
+#: sleeps as it starts, after its host's launcher offered the group's new
+#: start and before the group's store is up, and says so in a file beside.
+SLOW_PART = """
+import os, pathlib, socket, time
+marker = pathlib.Path(os.environ["SLOW_PART"])
+command = pathlib.Path("/proc/self/cmdline").read_bytes().split(b"\\0")
+if socket.gethostname() == "node2" and b"phalanx_torchft._group" in command and marker.exists():
+    marker.unlink()
+    marker.with_name("slow-part-started").write_text(str(os.getpid()))
+    time.sleep(60)
+"""
+
+
+def test_a_part_whose_first_host_is_lost_after_it_offered_a_start_takes_the_replacements_start(tmp_path):
+    # Group 1 on nodes 2 and 3. Group 1's rank on node 3 is killed: both
+    # parts start again; node 2 offers the group's new start, and node 3
+    # takes it. Node 2's part is slow to come up (SLOW_PART), and node 2 is
+    # lost whole before the group's store is up: node 3's part waits for a
+    # store that will never answer. Node 2's replacement offers the next
+    # start: node 3 leaves the dead one and takes it (it would otherwise
+    # wait until rendezvous_timeout, 900 s), and group 1 heals.
+    if missing() is not None:
+        pytest.fail(f"these tests need network namespaces: {missing()}")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_PART)
+    marker = tmp_path / "slow-part"
+    env = {**os.environ, "SLOW_PART": str(marker)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
+    with TestBed(4, subnet="192.168.79") as bed:
+        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", hosts=bed.hosts, env=env)
+        job.wait_for(lambda: any(s[0] == 1 and s[3] >= 5 and s[5] == 2 for s in job.steps), "both at step 5")
+        marker.write_text("")
+        os.kill(ranks_of(job, 1, 1)[-1], signal.SIGKILL)  # group 1's rank on node 3
+        started = tmp_path / "slow-part-started"
+        job.wait_for(started.exists, "node 2's new part, slow to come up")
+        assert bed.kill_all(bed.hosts[2]) >= 2  # its phalanx run and the sleeping part
+        lost_at = time.monotonic()
+        job.wait_for(
+            lambda: sum(1 for s in job.steps if s[0] == 0 and s[6] > lost_at + 2 and s[5] == 1 and s[4]) >= 3,
+            "group 0 training alone",
+        )
+        job.start(2)  # node 2's replacement
+        replaced_at = time.monotonic()
+        job.wait_for(
+            lambda: any(s[0] == 1 and s[6] > replaced_at and s[4] and s[5] == 2 and s[7] for s in job.steps),
+            "group 1 training with group 0 again",
+        )
+        print(f"node 2 replaced to group 1's first commit: "
+              f"{min(s[6] for s in job.steps if s[0] == 1 and s[6] > replaced_at and s[4]) - replaced_at:.1f} s")  # fmt: skip
+        job.stop_after(5)
+        job.finish()
+        output = job.output
+        assert job.codes[:2] == [0, 0] and job.codes[2] == -signal.SIGKILL, (job.codes, output)
+        assert job.codes[3:] == [0, 0], (job.codes, output)
+        assert "which that host no longer runs (it was started again, or replaced); the part takes" in output
+        for rank in (0, 1):
+            assert len(ranks_of(job, 0, rank)) == 1, output  # group 0 never restarted
+        assert not job.diverged(), (job.diverged(), output)
+        same_weights_everywhere(job, 4)
+        for host in bed.hosts:
+            assert bed.pids(host) == [], output  # nothing of the job left

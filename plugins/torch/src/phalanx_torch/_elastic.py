@@ -55,7 +55,7 @@ from ._elastic_rendezvous import (
     create_static_rendezvous,
     register_rendezvous,
 )
-from ._heartbeat import Heartbeat, interval_for
+from ._heartbeat import LOST_AFTER, Heartbeat, interval_for
 from ._listen import listen_address, one_thread
 from ._node_watch import NodeWatch
 from ._ranks import (
@@ -123,6 +123,14 @@ class SubprocessLauncher(Launcher):
             job whose ranks other hosts must reach needs: each replica
             group of ``ddp_ft`` on several hosts (phalanx-torchft), whose
             groups meet in one group's store.
+        host_lost_after: on several nodes, seconds without a beat of a
+            node's launching process in the job's store after which its
+            host is taken for lost (default 15, at least 5: five beats,
+            one a second up to 1,000 nodes, more beyond): a host cut off
+            the network or without power, which closes no connection, is
+            seen no sooner. Shorter notices it sooner; too short takes a
+            host whose launching process cannot run for that long (a
+            machine swapping) for lost.
 
     One node (like ``torchrun --standalone``): a rendezvous of
     :mod:`._elastic_rendezvous` that gives every round, the first and each
@@ -155,6 +163,7 @@ class SubprocessLauncher(Launcher):
         monitor_interval: float = 0.1,
         rendezvous_timeout: float = 900.0,
         listen_on: str = LOOPBACK,
+        host_lost_after: float = LOST_AFTER,
     ) -> None:
         super().__init__(environment=environment, num_processes=num_processes, num_nodes=num_nodes)
         check_count("subprocess", "num_processes", num_processes)
@@ -190,6 +199,7 @@ class SubprocessLauncher(Launcher):
             ("last_call", last_call),
             ("monitor_interval", monitor_interval),
             ("rendezvous_timeout", rendezvous_timeout),
+            ("host_lost_after", host_lost_after),
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise MisconfigurationError(
@@ -209,6 +219,12 @@ class SubprocessLauncher(Launcher):
             self._place()  # checks the address now
         self.monitor_interval = float(monitor_interval)
         self.rendezvous_timeout = float(rendezvous_timeout)
+        if host_lost_after < 5:
+            raise MisconfigurationError(
+                f"launcher 'subprocess': host_lost_after={host_lost_after!r}; a host is taken for lost "
+                "after 5 missed beats of its launching process at the least (one a second): give 5 or more"
+            )
+        self.host_lost_after = float(host_lost_after)
 
     @property
     def world_size(self) -> int:
@@ -340,7 +356,8 @@ class SubprocessLauncher(Launcher):
             silent = None
             if self._place().kind == "c10d" and not self._hosts_store:
                 silent = functools.partial(self._store_silent, who)
-            heartbeat = Heartbeat(connect, interval_for(self.num_nodes, self._place().kind), on_silent=silent)
+            interval = interval_for(self.num_nodes, self._place().kind)
+            heartbeat = Heartbeat(connect, interval, self.host_lost_after, on_silent=silent)
         # A job in rounds: its agent watches the heartbeat; of fixed nodes, the node watch.
         watch = NodeWatch(
             self._watch_store(),

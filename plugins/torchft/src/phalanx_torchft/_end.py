@@ -39,7 +39,11 @@ where: part 0 offers each start's address under the start's number
 that has no such part yet (:meth:`JobEnd.take_group_store`: so it never
 meets an old start of the group that is stopping, its own or a lost host's
 that it replaces); part 0 says when the group is gone for good
-(:meth:`JobEnd.group_gone`).
+(:meth:`JobEnd.group_gone`). A part whose start part 0 no longer runs (it
+offered a newer one, or the group is gone) stops it
+(:meth:`JobEnd.newest_offer`): part 0's host may be lost after it offered a
+start, and a part that took that start would wait for its store until
+``rendezvous_timeout``.
 """
 
 from __future__ import annotations
@@ -219,6 +223,18 @@ class JobEnd:
             "its first host (the part that starts the group's store) offered no new start within "
             f"{timeout:g} s{lost}"
         )
+
+    def newest_offer(self, group: int) -> int | str | None:
+        """The number of ``group``'s newest start that part 0 offered, or
+        why the group is gone; ``None`` where neither is known."""
+
+        def read(store: Any) -> int | str | None:
+            prefix = f"{_PREFIX}group/{group}/"
+            if store.check([prefix + "gone"]):
+                return str(store.get(prefix + "gone").decode())
+            return int(store.get(prefix + "offered")) if store.check([prefix + "offered"]) else None
+
+        return self._call(read)  # type: ignore[no-any-return]
 
     def joined(self, group: int, number: int, parts: int) -> bool:
         """Whether every other part of ``group`` took its start ``number``."""

@@ -9,7 +9,9 @@ Where the group spans NUM_NODES hosts, this is its part on one of them
 NUM_NODES nodes without restarts: they meet in the group's store at
 ``MASTER_ADDR:MASTER_PORT``, which part 0 hosts, and a failure in one part
 stops the others (the node watch), so that every host's launcher starts its
-part again.
+part again. A part whose host is cut off the network is taken for lost
+after :data:`HOST_LOST_AFTER` seconds without a beat, not the 15 s of a
+job's nodes: until then the other groups wait for this one's quorum.
 
     python -m phalanx_torchft._group NUM_PROCESSES MONITOR_INTERVAL RENDEZVOUS_TIMEOUT PARENT_PID \\
         ADDRESS NUM_NODES NODE_RANK -- COMMAND...
@@ -25,6 +27,11 @@ import sys
 from phalanx_core import WorkerFailedError
 from phalanx_core.launching import die_with_parent, exit_process
 
+#: Seconds without a beat of a part's launching process after which the
+#: group's other parts take its host for lost and stop (5 beats of 1 s):
+#: while a part waits for it, every group waits in its quorum.
+HOST_LOST_AFTER = 5.0
+
 
 def main(argv: list[str]) -> int:
     settings, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
@@ -39,7 +46,7 @@ def main(argv: list[str]) -> int:
         max_restarts=0,
         monitor_interval=float(monitor_interval),
         rendezvous_timeout=float(rendezvous_timeout),
-        **({"listen_on": address} if int(nodes) == 1 else {}),
+        **({"listen_on": address} if int(nodes) == 1 else {"host_lost_after": HOST_LOST_AFTER}),
     )
     try:
         launcher.run_script(command)

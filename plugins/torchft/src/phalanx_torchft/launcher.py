@@ -416,6 +416,14 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             for index, group in sorted(running.items()):
                 status = group.poll()
                 if status is None:
+                    if (newer := group.superseded()) is not None:
+                        stop_processes([group.process], grace=STOP_GRACE)
+                        group.join_output()
+                        _say(f"phalanx run: replica group {index}: {newer}; this host's part is stopped")
+                        if not group.start():
+                            del running[index]
+                            given_up = given_up if group.why_not_started == _FINISHED else given_up or group
+                        continue
                     if group.waits_for_a_lost_part():
                         del running[index]
                         stop_processes([group.process], grace=STOP_GRACE)
@@ -478,6 +486,8 @@ class _Group:
         self.start_number = -1
         #: Why :meth:`start` started nothing.
         self.why_not_started = ""
+        #: When :meth:`superseded` next reads node 0's store.
+        self._next_look = 0.0
 
     def start(self) -> bool:
         """Start the group's ranks (this host's part of them, where the
@@ -554,6 +564,25 @@ class _Group:
         if isinstance(found, str) and end.finished_by is not None:
             return _FINISHED
         return found
+
+    def superseded(self) -> str | None:
+        """A part other than 0 of a group that spans hosts: why the start it
+        runs in is over, where part 0 no longer runs it (it offered a newer
+        start, or the group is gone), else ``None``. Read once a second."""
+        launcher = self.launcher
+        if launcher.hosts_per_group == 1 or launcher.part == 0 or time.monotonic() < self._next_look:
+            return None
+        self._next_look = time.monotonic() + 1.0
+        newest = self.end.newest_offer(self.index)
+        if isinstance(newest, str):
+            return f"it is not started again ({newest})"
+        if newest is not None and newest > self.start_number:
+            return (
+                f"its first host offered start {newest} while this host's part waits in start "
+                f"{self.start_number}, which that host no longer runs (it was started again, or "
+                "replaced); the part takes the new start"
+            )
+        return None
 
     def waits_for_a_lost_part(self) -> bool:
         """Part 0 of a group that spans hosts, once the job has finished: a
