@@ -153,16 +153,20 @@ def test_node_0_keeps_the_lighthouse_until_the_other_hosts_groups_have_ended(bed
     a_late_group_once_the_job_has_finished(job, groups=3, kill=True, before=(waits, "node 0 waiting"))
 
 
-def test_a_group_on_two_hosts_is_started_again_on_both_and_heals_from_a_peer(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp_ft", "hsdp_ft"])
+def test_a_group_on_two_hosts_is_started_again_on_both_and_heals_from_a_peer(tmp_path, strategy):
     # Four hosts, two groups: each group a job of two hosts (one rank each),
     # its store on its first host. A rank of group 1 on its second host is
     # killed: the group's rank on the first host is stopped too, each host
     # starts its part again, they meet in a new store, and the group heals
-    # from group 0, whose ranks are never touched.
+    # from group 0, whose ranks are never touched. hsdp_ft: each group's
+    # model sharded over its two hosts (FSDP), each shard healed from the
+    # same shard of group 0.
     if missing() is not None:
         pytest.fail(f"these tests need network namespaces: {missing()}")
     with TestBed(4, subnet="192.168.79") as bed:
-        job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", hosts=bed.hosts, park_at=10)
+        flags = ("--devices", "1", "--replica-groups", "2")
+        job = Job(tmp_path, *flags, strategy=strategy, hosts=bed.hosts, park_at=10)
         job.wait_for((job.out / "victim").exists, "group 1 (nodes 2 and 3) at step 10")
         second = [s[2] for s in job.steps if s[0] == 1 and s[1] == 1]
         assert second, job.output
