@@ -92,6 +92,27 @@ def test_a_failing_rank_shows_its_traceback_once_and_the_exit_code_is_not_zero()
         "phalanx run: rank 1 raised first; its traceback is in the lines above marked [rank1]" in done.stderr
     )
     assert "Sending process" not in output  # elastic's agent is quiet
+    # Rank 0 only lost its peer: its error in one line, no traceback.
+    assert "[rank0]: Traceback" not in output
+    assert (
+        "[rank0]: phalanx_core.errors.CollectiveTimeoutError: barrier() on the 'torch' collective " in output
+    )
+    assert "(this rank lost a peer; its traceback is shown only if no rank failed before)" in output
+
+
+def test_a_rank_that_lost_its_peer_and_failed_first_shows_its_whole_traceback():
+    done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", str(SCRIPTS / "leave_early.py"))
+    assert done.returncode == 1
+    output = done.stdout + done.stderr
+    assert "[rank0]: (its traceback, which it left out above: no rank failed before it)" in output
+    assert "[rank0]: Traceback (most recent call last):" in output
+    assert (
+        output.count("[rank0]: phalanx_core.errors.CollectiveTimeoutError: barrier()") == 2
+    )  # line, traceback
+    assert done.stderr.endswith(
+        "phalanx run: rank 0 raised first; its traceback is in the lines above marked [rank0]. "
+        "The other ranks were stopped.\n"
+    )
 
 
 def test_a_rank_that_raised_and_is_still_exiting_is_named_rather_than_the_peer_that_lost_it():

@@ -15,6 +15,7 @@ from ..errors import WorkerFailedError
 __all__ = [
     "EXCERPT_LINES",
     "PEER_LOST_MARKS",
+    "PEER_LOST_SHORTENED",
     "RankFailure",
     "root_cause",
     "signal_name",
@@ -34,6 +35,10 @@ PEER_LOST_MARKS: tuple[str, ...] = (
     "failed to pass monitoredBarrier",
     "DistNetworkError",
 )
+#: What a rank that lost a peer writes after its error's last line, in
+#: place of its traceback, where its launcher prints the whole traceback
+#: of the job's first failure (``run_as_rank(peer_lost_in_one_line=True)``).
+PEER_LOST_SHORTENED = "(this rank lost a peer; its traceback is shown only if no rank failed before)"
 #: Lines of a traceback quoted in the error's message (all of it is in
 #: ``WorkerFailedError.traceback``).
 EXCERPT_LINES = 30

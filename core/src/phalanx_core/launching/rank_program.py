@@ -22,7 +22,8 @@ differences that make a rank end the way it should:
   without a line end goes at exit (so a progress bar that redraws its line
   with ``\r`` shows once its line ends);
 - a program that raises prints its traceback (from the program's first
-  frame) and leaves at once with exit code 1: no thread joined, no
+  frame; for a launcher that asks, only the last line of an error that a
+  peer's failure causes) and leaves at once with exit code 1: no thread joined, no
   ``atexit`` handler run. Its peers may be blocked in a collective it will
   never join, and a teardown that waits for them (MPI's finalization, an
   XLA runtime's) would hang the rank, and with it the job;
@@ -44,10 +45,12 @@ import gc
 import io
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, NoReturn, TextIO
 
+from ._failures import PEER_LOST_MARKS, PEER_LOST_SHORTENED
 from ._ranks import (
     LINES_PREFIXED_VAR,
     PARENT_PID_VAR,
@@ -65,10 +68,19 @@ __all__ = ["run_as_rank"]
 globals()[RANK_MACHINERY] = True
 
 
-def run_as_rank(argv: list[str], *, on_error: Callable[[BaseException], None] | None = None) -> NoReturn:
+def run_as_rank(
+    argv: list[str],
+    *,
+    on_error: Callable[[BaseException], None] | None = None,
+    peer_lost_in_one_line: bool = False,
+) -> NoReturn:
     """Run ``python *argv`` as this rank's program and end the process as
     the module's docstring says. ``on_error`` is called with the program's
-    exception before its traceback is printed."""
+    exception before its traceback is printed. ``peer_lost_in_one_line``:
+    an error that a peer's failure causes (:data:`PEER_LOST_MARKS`) prints
+    its last line only, for a launcher that prints the whole traceback
+    (from ``on_error``'s record) where that rank's failure is the job's
+    first: the consequences of one rank's failure are then a line each."""
     parent = os.environ.get(PARENT_PID_VAR, "")
     if parent.isdigit() and int(parent) == os.getppid():
         die_with_parent(int(parent))
@@ -78,7 +90,7 @@ def run_as_rank(argv: list[str], *, on_error: Callable[[BaseException], None] | 
         del sys.path[0]
     if os.environ.get(LINES_PREFIXED_VAR):
         sys.stdout, sys.stderr = _WholeLines(sys.stdout), _WholeLines(sys.stderr)
-    code, failed = _run(argv, on_error)
+    code, failed = _run(argv, on_error, peer_lost_in_one_line)
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, _WholeLines):
             stream.end()
@@ -87,7 +99,9 @@ def run_as_rank(argv: list[str], *, on_error: Callable[[BaseException], None] | 
     exit_process(code)
 
 
-def _run(command: list[str], on_error: Callable[[BaseException], None] | None) -> tuple[int, bool]:
+def _run(
+    command: list[str], on_error: Callable[[BaseException], None] | None, peer_lost_in_one_line: bool
+) -> tuple[int, bool]:
     """Run the program; return its exit code as ``python`` would set it, and
     whether it raised."""
     namespace: dict[str, object] = {}
@@ -101,6 +115,10 @@ def _run(command: list[str], on_error: Callable[[BaseException], None] | None) -
         if on_error is not None:
             with contextlib.suppress(BaseException):
                 on_error(exc)
+        last = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if peer_lost_in_one_line and any(mark in last.splitlines()[-1] for mark in PEER_LOST_MARKS):
+            sys.stderr.write(f"{last} {PEER_LOST_SHORTENED}\n")
+            return 1, True
         # The hook prints the exception's own traceback, whatever it is given.
         exc.__traceback__ = _from_program(exc.__traceback__)
         sys.excepthook(type(exc), exc, exc.__traceback__)

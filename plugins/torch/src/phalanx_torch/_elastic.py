@@ -42,6 +42,7 @@ from ._elastic_agent import (
     agent_class,
     failures_of,
     print_elsewhere,
+    print_if_shortened,
     raised_before,
     say,
     signal_handlers_kept,
@@ -404,6 +405,8 @@ class SubprocessLauncher(Launcher):
                         first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
                     if first is not local and prefix_lines:
                         print_elsewhere(first)
+                    elif prefix_lines:
+                        print_if_shortened(first)
                     stopped = stopped_words(self.num_nodes)
                     raise worker_failed(
                         "subprocess", [first, *failures], self.world_size, stopped=stopped
@@ -428,6 +431,8 @@ class SubprocessLauncher(Launcher):
                         ) from None
                     if prefix_lines and all(cause is not failure for failure in own):
                         print_elsewhere(cause)  # the ranks of another node failed first
+                    elif prefix_lines:
+                        print_if_shortened(cause)
                     stopped = stopped_words(self.num_nodes)
                     failed = [cause, *own]
                     raise worker_failed("subprocess", failed, self.world_size, stopped=stopped) from None

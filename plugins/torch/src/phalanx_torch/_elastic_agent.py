@@ -315,8 +315,20 @@ def stopped_words(num_nodes: int) -> str:
 def print_elsewhere(failure: RankFailure) -> None:
     """Another node's failure, in the lines its rank would have written
     here: its traceback, each line marked ``[rankN]:``."""
+    _print_traceback(failure, f"(on node {failure.node}, host {failure.host})")
+
+
+def print_if_shortened(failure: RankFailure) -> None:
+    """This node's rank whose failure is the job's first, if it wrote its
+    error's last line only (it lost a peer: see ``_rank_program``): its
+    whole traceback, from its error file, marked as its own lines are."""
+    if failure.raised and failure.lost_a_peer:
+        _print_traceback(failure, "(its traceback, which it left out above: no rank failed before it)")
+
+
+def _print_traceback(failure: RankFailure, header: str) -> None:
     text = failure.traceback or f"(no traceback; exit code {failure.exitcode})"
-    lines = [f"[rank{failure.rank}]: (on node {failure.node}, host {failure.host})"]
+    lines = [f"[rank{failure.rank}]: {header}"]
     lines += [f"[rank{failure.rank}]: {line}" for line in text.rstrip().splitlines()]
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()

@@ -4,7 +4,9 @@ ARGS...``): core's :mod:`phalanx_core.launching.rank_program` (the rank dies
 with its launching process, Ctrl-C ends it quietly, a program that raises
 leaves at once, one that ends leaves without Python's finalization), plus
 the program's exception recorded in torch elastic's error file, where the
-launching process reads it. Imports no torch itself; the program does.
+launching process reads it; under ``phalanx run``, a rank that lost a peer
+writes its error's last line only (the launcher prints the whole traceback
+where that rank's failure is the job's first). Imports no torch itself; the program does.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import os
 import sys
 
-from phalanx_core.launching import RANK_MACHINERY
+from phalanx_core.launching import LINES_PREFIXED_VAR, RANK_MACHINERY
 from phalanx_core.launching.rank_program import run_as_rank
 
 #: Its frames are left out of tracebacks and hang reports.
@@ -33,4 +35,8 @@ def _record(exc: BaseException) -> None:
 
 
 if __name__ == "__main__":
-    run_as_rank(sys.argv[1:], on_error=_record)
+    # Under phalanx run, whose launcher prints the first failure's whole
+    # traceback where that rank left it out.
+    run_as_rank(
+        sys.argv[1:], on_error=_record, peer_lost_in_one_line=bool(os.environ.get(LINES_PREFIXED_VAR))
+    )
