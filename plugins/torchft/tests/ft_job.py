@@ -160,6 +160,7 @@ class Job:
         self.steps: list[tuple[int, int, int, int, bool, int, float, bool, str]] = []
         self.participated: dict[int, list[bool]] = {}  # by pid: each step's
         self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
+        self.drawn: dict[int, list[tuple[int, int, int]]] = {}  # by pid: (group, rank, step) of each batch
         self.command = [
             *launch, sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
             *flags,
@@ -219,8 +220,9 @@ class Job:
             self.participated.setdefault(int(pid), []).append(participating == "True")
         batch = BATCH.search(line)
         if batch:
-            *_, pid, _, epoch, ids = batch.groups()
+            group, rank, pid, step, epoch, ids = batch.groups()
             self.batches.setdefault(int(pid), []).append((int(epoch), [int(i) for i in ids.split(",")]))
+            self.drawn.setdefault(int(pid), []).append((int(group), int(rank), int(step)))
 
     @property
     def output(self) -> str:
@@ -292,11 +294,17 @@ class Job:
     def trained(self) -> dict[int, collections.Counter[int]]:
         """By epoch, how many times each sample was in a committed step that
         its rank took part in (a rank's batches and steps, in order: a
-        killed rank's last batch has no step)."""
+        killed rank's last batch has no step). A rank's last batch without
+        a step counts where the same rank of another group committed that
+        step with as many groups as drew a batch for it: the stopped rank's
+        gradient was in that step's all-reduce (else the all-reduce would
+        have failed, and nothing been committed), though its own group
+        could not commit it (a host cut off between the all-reduce and the
+        commit)."""
         # From the ranks' own files: a killed host's last lines may never
         # have reached this process.
         record = Job.__new__(Job)
-        record.lines, record.steps, record.participated, record.batches = [], [], {}, {}
+        record.lines, record.steps, record.participated, record.batches, record.drawn = [], [], {}, {}, {}
         record.log = None
         for path in sorted(self.out.glob("records-*")):
             for line in path.read_text().splitlines():
@@ -305,10 +313,23 @@ class Job:
         committed_by_pid: dict[int, list[bool]] = collections.defaultdict(list)
         for _, _, pid, _, committed, *_ in record.steps:
             committed_by_pid[pid].append(committed)
+        # (rank, step, epoch) -> the groups that drew a batch for it; (rank, step) -> each commit's participants
+        groups_drawn: dict[tuple[int, int, int], set[int]] = collections.defaultdict(set)
+        for pid, drawn in record.drawn.items():
+            for (group, rank, step), (epoch, _) in zip(drawn, record.batches[pid], strict=True):
+                groups_drawn[rank, step, epoch].add(group)
+        commits: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
+        for _, rank, _, step, committed, participants, _, participating, _ in record.steps:
+            if committed and participating:
+                commits[rank, step].add(participants)
         for pid, batches in record.batches.items():
-            verdicts = zip(committed_by_pid[pid], record.participated.get(pid, []), strict=True)
+            verdicts = list(zip(committed_by_pid[pid], record.participated.get(pid, []), strict=True))
             for (epoch, ids), (committed, participating) in zip(batches, verdicts, strict=False):
                 if committed and participating:
+                    counts[epoch].update(ids)
+            if len(batches) == len(verdicts) + 1:  # stopped in its last step
+                (epoch, ids), (_, rank, step) = batches[-1], record.drawn[pid][-1]
+                if len(groups_drawn[rank, step, epoch]) in commits[rank, step]:
                     counts[epoch].update(ids)
         return counts
 
