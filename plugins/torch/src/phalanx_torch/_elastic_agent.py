@@ -257,6 +257,8 @@ def _raised_unseen(exc: Any, node_rank: int | None) -> list[RankFailure]:
     rank, failure = next(iter(known.items()))
     first = rank - int(failure.local_rank)  # this node's first rank: local ranks are consecutive
     attempt = Path(failure.error_file).parent.parent
+    if not attempt.name.startswith("attempt_"):  # not elastic's folder of the attempt's error files
+        return []
     unseen = []
     for path in attempt.glob("*/error.json"):
         if path.parent.name.isdigit() and first + int(path.parent.name) not in known:
