@@ -50,9 +50,12 @@ def test_phalanx_run_reports_a_late_rank(op):
     assert "in fn\n[rank1]:     time.sleep(seconds)" in rank1
     assert f"[rank0]: phalanx: ranks [0] wait in {op}; the ranks that have not arrived:" in err
     assert "[rank0]:   rank 1: in no operation of the strategy" in err
-    # Once per wait. (Another report may come before it, on a loaded
-    # machine: one rank can reach DDP's set-up seconds after the other.)
-    assert err.count(f"s in {op} (its call") == 1
+    # Once per wait. (Other reports may come before it, on a loaded machine:
+    # one rank can reach DDP's set-up seconds after the other, and rank 0's
+    # answer to that report, written up to a tick later, can find it already
+    # in the operation it then waits in: "has waited 0 s in all_reduce (its
+    # call 3) (another rank reported a wait)". Seen once in CI.)
+    assert len(re.findall(rf"s in {op} \(its call \d+\), longer than the report interval", err)) == 1
 
 
 def test_the_strategy_option_under_ddp_spawn():
