@@ -19,7 +19,7 @@ job's store and nothing else:
   both), from the
   ``RendezvousParameters`` that ``SubprocessLauncher._rounds()`` gives
   elastic (min_nodes N-1, max_nodes N, join/last_call/close timeouts,
-  ``keep_alive_interval`` = ``_rounds.KEEP_ALIVE``, 3 attempts), on a
+  ``keep_alive_interval`` = ``KEEP_ALIVE``, 3 attempts), on a
   ``TCPStore`` client of its own (elastic's ``_NodeDescGenerator`` gives
   every handler of a process its own local id, so the node descriptors
   differ). It joins with ``next_rendezvous()``, then loops as elastic's
@@ -134,6 +134,31 @@ LOST_PEER = (
 # --------------------------------------------------------------------------- counting
 
 
+#: Seconds between a node's heartbeats in elastic's dynamic rendezvous (in
+#: etcd), up to about 500 nodes (see :func:`keep_alive_for`); a node is
+#: dropped after three missed.
+KEEP_ALIVE = 1
+
+#: The seconds one heartbeat's write of elastic's rendezvous state takes per
+#: node in it (read, unpickle, change, pickle, compare_set of one blob that
+#: holds every node: 6-8 ms at 4,096 nodes on loopback, bench/README.md).
+_WRITE_PER_NODE = 1.6e-6
+
+
+def keep_alive_for(num_nodes: int) -> int:
+    """Seconds between heartbeats in a job of at most ``num_nodes`` nodes.
+
+    Elastic keeps every node's heartbeat in one stored blob that each node
+    rewrites with a compare-and-set; a write fails when another lands in
+    its window, which grows with the blob (``N x 1.6 us``). Heartbeats
+    collide rarely only while ``N / interval x window`` stays below about
+    0.5, so the interval grows as ``2 N^2 x 1.6 us``: 1 s up to about 550
+    nodes, 4 s at 1,024, 54 s at 4,096 (a lost node is then seen after
+    three intervals). Measured by bench/rendezvous_scale.py: with 1 s at
+    256 simulated nodes, 97 % of the writes failed and no round formed."""
+    return max(KEEP_ALIVE, math.ceil(2 * num_nodes * num_nodes * _WRITE_PER_NODE))
+
+
 class Counts:
     """Calls, payload bytes out and in, and failures, per (kind, op), for a
     whole worker process."""
@@ -193,6 +218,14 @@ class CountedStore(dist.Store):
     def add(self, key: str, amount: int) -> int:
         self.counts.add(self._kind(key), "add")
         return int(self.inner.add(key, amount))
+
+    def enter(self, key: str) -> int:  # the etcd store's add(key, 1) (counted rounds in etcd)
+        self.counts.add(self._kind(key), "enter")
+        return int(self.inner.enter(key))
+
+    def entered(self, key: str) -> int:
+        self.counts.add(self._kind(key), "entered")
+        return int(self.inner.entered(key))
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         value = self.inner.compare_set(key, expected, desired)

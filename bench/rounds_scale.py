@@ -13,7 +13,7 @@ looks its address up in the DNS), and does what a node's launching process
 does with the store: ``_rounds._create`` from the parameters the launcher
 gives (the handler the launcher uses: ``RoundRendezvous`` over the counted
 rounds, or over elastic's dynamic handler with its c10d backend and a
-keep-alive of ``_rounds.keep_alive_for(N)``), ``next_rendezvous()`` and the
+keep-alive of ``keep_alive_for(N)``), ``next_rendezvous()`` and the
 agent's ``_assign_worker_ranks``, then the agent's loop
 (``num_nodes_waiting()`` every 0.1 s). Phases:
 
@@ -36,14 +36,18 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
-from rendezvous_scale import LOOPBACK, MONITOR, CountedStore, Counts, elastic_dynamic
+from rendezvous_scale import LOOPBACK, MONITOR, CountedStore, Counts, elastic_dynamic, keep_alive_for
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
@@ -57,10 +61,13 @@ class Node:
     def __init__(self, index: int, cfg: SimpleNamespace, counts: Counts) -> None:
         self.index, self.cfg = index, cfg
         wait = datetime.timedelta(seconds=cfg.timeout)
-        self.client = CountedStore(
-            dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait), counts, "rdzv"
-        )
-        place = _rounds.parse_rendezvous(None, LOOPBACK, cfg.port)
+        if cfg.etcd:  # the job's store in etcd, as the launcher makes it
+            place = _rounds.parse_rendezvous(f"etcd://{LOOPBACK}:{cfg.etcd}/bench", LOOPBACK, 0)
+            inner = _rounds.job_store(place, host=None, timeout=cfg.timeout)
+        else:
+            place = _rounds.parse_rendezvous(None, LOOPBACK, cfg.port)
+            inner = dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait)
+        self.client = CountedStore(inner, counts, "rdzv")
         params = RendezvousParameters(
             backend=_rounds.ELASTIC,
             endpoint=place.endpoint,
@@ -75,7 +82,7 @@ class Node:
             join_timeout=cfg.timeout,
             last_call_timeout=cfg.last_call,
             close_timeout=30,
-            keep_alive_interval=_rounds.keep_alive_for(cfg.nodes),
+            keep_alive_interval=keep_alive_for(cfg.nodes),
             keep_alive_max_attempt=3,
         )
         if cfg.rendezvous == "counted":
@@ -152,7 +159,9 @@ class Run:
         self.n, self.args = n, args
         _rounds.allow_connections(2 * n)
         self.store = hosted_store(LOOPBACK, 0, timeout=datetime.timedelta(seconds=args.timeout))
+        self.etcd = _start_etcd() if args.store == "etcd" else None
         self.cfg = SimpleNamespace(
+            etcd=self.etcd[1] if self.etcd else None,
             port=self.store.port,
             nodes=n,
             timeout=args.timeout,
@@ -191,6 +200,11 @@ class Run:
             q.put(command)
 
     def counts(self) -> int:
+        """Requests so far: the calls every client made, or, in etcd, the
+        requests its server handled (its metrics: an ``add`` is a read and
+        one or more compare-and-swaps there)."""
+        if self.etcd is not None:
+            return _etcd_requests(self.etcd[1])
         self.send("counts")
         return sum(_requests(e[2]) for e in self._expect("counts", len(self.procs), 60))
 
@@ -227,6 +241,50 @@ class Run:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
+        if self.etcd is not None:
+            self.etcd[0].kill()
+            self.etcd[0].wait()
+            shutil.rmtree(self.etcd[2], ignore_errors=True)
+
+
+def _start_etcd() -> tuple[subprocess.Popen, int, str]:
+    """A one-member etcd on 127.0.0.1 (the ``etcd`` on PATH), its data in a
+    new folder; waits until it answers."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        raise SystemExit("rounds_scale: --store etcd needs etcd on PATH (apt-get install etcd-server)")
+    client, peer = _free_port(), _free_port()
+    data = tempfile.mkdtemp(prefix="rounds-scale-etcd-")
+    argv = [
+        etcd, "--data-dir", data, "--listen-client-urls", f"http://{LOOPBACK}:{client}",
+        "--advertise-client-urls", f"http://{LOOPBACK}:{client}",
+        "--listen-peer-urls", f"http://{LOOPBACK}:{peer}", "--log-level", "error",
+        "--quota-backend-bytes", str(8 << 30),
+    ]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from phalanx_torch import _etcd3
+
+    _etcd3.check_reachable([(LOOPBACK, client)], 30)
+    return process, client, data
+
+
+def _etcd_requests(port: int) -> int:
+    """The KV and lease requests etcd handled so far (``/metrics``)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=30).read().decode()
+    total = 0
+    for line in text.splitlines():
+        served = 'grpc_service="etcdserverpb.KV"' in line or 'grpc_service="etcdserverpb.Lease"' in line
+        if line.startswith("grpc_server_handled_total{") and served:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
 
 
 def _line(label: str, value: str) -> None:
@@ -235,7 +293,8 @@ def _line(label: str, value: str) -> None:
 
 def run_one(n: int, rendezvous: str, args: argparse.Namespace) -> dict[str, Any]:
     print(
-        f"\n== {n} nodes, {rendezvous} rounds ({args.procs} processes, last call {args.last_call} s)",
+        f"\n== {n} nodes, {rendezvous} rounds on {args.store} ({args.procs} processes, "
+        f"last call {args.last_call} s)",
         flush=True,
     )
     run = Run(n, rendezvous, args)
@@ -274,6 +333,12 @@ def main() -> None:
     parser.add_argument("--last-call", type=int, default=3, help="seconds (the launcher's last_call)")
     parser.add_argument("--steady", type=float, default=10.0, help="seconds of phase B")
     parser.add_argument("--timeout", type=float, default=120.0, help="each node's join timeout, s")
+    parser.add_argument(
+        "--store",
+        choices=["c10d", "etcd"],
+        default="c10d",
+        help="node 0's store, or etcd",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     print(f"rounds_scale: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)

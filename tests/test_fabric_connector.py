@@ -1472,8 +1472,9 @@ GROUPS: dict[str, tuple[str, str]] = {
     ),
     "multi_node_local": (
         "Several nodes without a scheduler need NODE_RANK",
-        "num_nodes > 1 on the local environment needs NODE_RANK (and MASTER_ADDR) set on each node; "
-        "Fabric assumes node 0. The spawn and fork launchers start processes on one machine only, so "
+        "num_nodes > 1 on the local environment needs NODE_RANK (and MASTER_ADDR) set on each node, "
+        "unless the nodes meet in rounds that number them (max_restarts, min_nodes or a rendezvous in "
+        "etcd, as torchrun's rendezvous does); Fabric assumes node 0. The spawn and fork launchers start processes on one machine only, so "
         "ddp_spawn or ddp_fork with num_nodes > 1 is refused and the error points to 'ddp' or a scheduler.",
     ),
     "external_world": (

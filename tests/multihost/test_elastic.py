@@ -38,11 +38,17 @@ PAUSE = "0.25"
 ELASTIC = ("--num-nodes", "2:3", "--max-restarts", "3")
 
 
-def command(node: int, out: Path, *flags: str, nodes: tuple[str, ...] = ELASTIC) -> list[str]:
+#: Where the nodes meet: node 0's store at host 0's address, each node given its rank.
+PLACED = ("--main-address", "192.168.77.1", "--main-port", PORT)
+
+
+def command(
+    node: int, out: Path, *flags: str, nodes: tuple[str, ...] = ELASTIC, ranked: bool = True
+) -> list[str]:
+    where = ("--node-rank", str(node), *PLACED) if ranked else ()
     return [
         sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
-        "--devices", "1", *nodes, "--node-rank", str(node),
-        "--main-address", "192.168.77.1", "--main-port", PORT, *flags,
+        "--devices", "1", *nodes, *where, *flags,
         JOB, str(out), str(SAMPLES), PAUSE,
     ]  # fmt: skip
 
@@ -50,8 +56,16 @@ def command(node: int, out: Path, *flags: str, nodes: tuple[str, ...] = ELASTIC)
 class Job:
     """One node's ``phalanx run`` per host, started and watched one by one."""
 
-    def __init__(self, bed, out: Path, flags: tuple[str, ...] = (), nodes: tuple[str, ...] = ELASTIC) -> None:
-        self.bed, self.out, self.flags, self.nodes = bed, out, flags, nodes
+    def __init__(
+        self,
+        bed,
+        out: Path,
+        flags: tuple[str, ...] = (),
+        nodes: tuple[str, ...] = ELASTIC,
+        *,
+        ranked: bool = True,
+    ) -> None:
+        self.bed, self.out, self.flags, self.nodes, self.ranked = bed, out, flags, nodes, ranked
         self.tag = new_tag()
         self.runs: dict[str, list[subprocess.Popen]] = {}
         self.logs: list[Path] = []
@@ -62,7 +76,7 @@ class Job:
         self.logs.append(log)
         with open(log, "w") as file:
             process = host.popen(
-                command(index, self.out, *self.flags, nodes=self.nodes),
+                command(index, self.out, *self.flags, nodes=self.nodes, ranked=self.ranked),
                 env=scheduler_free_environment(**{TAG_VAR: self.tag}),
                 cwd=Path(__file__).resolve().parents[2],
                 stdout=file,
@@ -288,6 +302,33 @@ def test_with_the_rendezvous_in_etcd_losing_node_zero_leaves_the_job_on_two(make
     assert_every_sample_once(out)
     if how == "lost-without-a-word":
         assert "(host node0) is lost: its launching process stopped beating" in job.describe(), job.describe()
+
+
+@pytest.mark.parametrize("where", ["etcd", "node 0's store"])
+def test_nodes_md_commands_run_as_written_without_node_ranks(make_bed, out, tmp_path, where):
+    """nodes.md's two commands for a job in rounds, as written: no
+    --node-rank (both failed on every host: "needs NODE_RANK set on each
+    node"). In etcd, no --main-address either; on node 0's store
+    (torchrun's form) the node on the host whose address is the main
+    address hosts the store, whatever order the hosts start in (host 2
+    first, host 0 last here). The rendezvous numbers the nodes; a host is
+    killed whole mid-training, and the job goes on on two."""
+    bed = make_bed(3)
+    flags = ("--rendezvous", etcd_cluster(bed, tmp_path)) if where == "etcd" else PLACED
+    job = Job(bed, out, flags, ranked=False)
+    for index in (2, 1, 0):
+        job.start(index)
+    job.wait_for(lambda: job.steps(world=3) >= 6)
+    lost = 1 if where == "etcd" else 2  # in etcd any host; else not the store's
+    assert job.kill_host(lost) > 0
+    job.wait_for(lambda: job.steps(world=2) > 0)
+    del job.runs[f"node{lost}"]
+    codes = job.wait()
+    assert set(codes.values()) == {0} and len(codes) == 2, job.describe()
+    done = json.loads((out / "done.json").read_text())
+    assert done["restarts"] == 1 and done["world"] == 2, done
+    assert_every_sample_once(out)
+    assert "every rank is stopped and started again (restart 1 of 3)" in job.describe(), job.describe()
 
 
 def test_a_job_whose_etcd_is_lost_trains_on_and_ends_well(bed, run_nodes, tmp_path):

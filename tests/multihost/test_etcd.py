@@ -193,18 +193,26 @@ def test_a_member_that_stops_answering_is_passed_over_by_every_new_client(cluste
         cluster.members[2].send_signal(signal.SIGCONT)
 
 
-def test_the_rendezvous_state_is_swapped_on_its_revision(cluster):
-    backend = _etcd3.rendezvous_backend(cluster.endpoints, "/phalanx/test/rendezvous/run")
-    assert backend.get_state() is None
-    state, token, wrote = backend.set_state(b"first")
-    assert (state, wrote) == (b"first", True)
-    assert backend.set_state(b"second", token)[::2] == (b"second", True)
-    # A write against a revision already replaced fails and reads the state.
-    assert backend.set_state(b"stale", token)[::2] == (b"second", False)
-    # A new state (no token) where one exists fails too.
-    assert backend.set_state(b"new")[::2] == (b"second", False)
+def test_compare_set_and_the_multi_key_calls_behave_as_tcpstores(cluster):
+    """What the counted rounds ask of a store, as ``TCPStore`` answers it:
+    ``compare_set`` with ``""`` sets a missing key once (the first writer
+    wins, every caller reads the winner), swaps an expected value, and
+    leaves another; ``multi_set`` writes at once, ``multi_get`` reads."""
+    import torch.distributed as dist
+
+    store = _etcd3.job_store(cluster.endpoints, "/phalanx/test/swap", 30)
+    tcp = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for each in (store, tcp):
+        assert each.compare_set("end", "", "3") == b"3"
+        assert each.compare_set("end", "", "2") == b"3"  # closed already: the first end stays
+        assert each.compare_set("end", "3", "4") == b"4"
+        assert each.compare_set("end", "9", "5") == b"4"
+        assert each.compare_set("none", "x", "y") == b"x"  # TCPStore's answer, missing key
+        assert not each.check(["none"])
+        each.multi_set(["r/1", "r/2"], ["0", "1"])
+        assert each.multi_get(["r/2", "r/1"]) == [b"1", b"0"]
     cluster.kill(1)  # a member lost: the next member answers
-    assert backend.get_state()[0] == b"second"
+    assert store.compare_set("end", "4", "6") == b"6"
 
 
 def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
@@ -279,8 +287,7 @@ def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_
     store.set("a", "1")
     threading.Timer(0.3, lambda: store.set("b", "2")).start()
     assert store.get("b") == b"2" and store.add("n", 2) == 2  # a watch over TLS too
-    backend = _etcd3.rendezvous_backend(tls_cluster.endpoints, "/phalanx/tls/rdzv", tls_cluster.access())
-    assert backend.set_state(b"state")[::2] == (b"state", True)
+    assert store.compare_set("end", "", "1") == b"1"
 
     port = tls_cluster.clients[0]
     certificates = tls_cluster.tls

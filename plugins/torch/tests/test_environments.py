@@ -376,7 +376,9 @@ def _validate_table():
             r"--npernode 4"),
         row("mpi-map-by-node", MPIEnvironment, {**MPIRUN_2_NODES, "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 2, 2,
             r"did not fill each node in turn .*\(--map-by slot\), or set NODE_RANK"),
-        row("local-nodes", LocalEnvironment, {}, 1, 2, r"needs NODE_RANK set on each node"),
+        row("variables-nodes", VariablesEnvironment,
+            {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+            1, 2, r"needs NODE_RANK set on each node"),
     ]  # fmt: skip
 
 

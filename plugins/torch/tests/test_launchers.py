@@ -658,6 +658,45 @@ def test_subprocess_options_are_checked(monkeypatch):
         SubprocessLauncher(num_nodes=2, node_rank=0, listen_on="127.0.0.2")
 
 
+def test_nodes_that_meet_in_rounds_need_no_node_rank(monkeypatch):
+    """Without NODE_RANK: nodes that meet once are refused, naming what to
+    give; nodes in rounds are numbered by the rendezvous, and with node 0's
+    store the main address's host hosts it (torchrun's rule)."""
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    local = LocalEnvironment()
+    local.validate(num_devices=1, num_nodes=2)  # no error: the launcher knows whether it needs one
+    with pytest.raises(MisconfigurationError, match=r"num_nodes=2 on the local environment needs NODE_RANK"):
+        local.node_rank  # read by anything else, node 0 is not assumed
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"num_nodes=2 on the local environment needs NODE_RANK.*"
+        r"--node-rank N --main-address ADDRESS.*--max-restarts N, --num-nodes MIN:MAX",
+    ):
+        SubprocessLauncher(environment=local, num_nodes=2)
+    etcd = SubprocessLauncher(environment=local, num_nodes=3, max_restarts=2, rendezvous="etcd://a:1/j")
+    assert etcd.node_rank is None and not etcd._hosts_store
+    monkeypatch.setenv("MASTER_ADDR", socket.gethostname())  # this host: its node hosts the store
+    assert SubprocessLauncher(environment=local, num_nodes=3, min_nodes=2)._hosts_store
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.7")  # TEST-NET-1: another host's
+    other = SubprocessLauncher(environment=local, num_nodes=3, max_restarts=1)
+    assert other.node_rank is None and not other._hosts_store
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"main address '127.0.0.1' is a loopback address.*"
+        r"give each node --node-rank",
+    ):
+        SubprocessLauncher(environment=local, num_nodes=2, max_restarts=1)
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    with pytest.raises(
+        MisconfigurationError, match=r"main address 'no-such-host.invalid' .* does not resolve"
+    ):
+        SubprocessLauncher(environment=local, num_nodes=2, max_restarts=1)
+    monkeypatch.setenv("NODE_RANK", "1")  # given, it is asked for, and node 0 hosts the store
+    ranked = SubprocessLauncher(environment=local, num_nodes=2, max_restarts=1)
+    assert ranked.node_rank == 1 and not ranked._hosts_store
+
+
 FORK_AFTER_PARALLEL_WORK = """
 import torch, phalanx
 

@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from phalanx_core import Launcher, MisconfigurationError, NodeLostError, WorkerFailedError
+from phalanx_core.network import is_loopback
 
 if TYPE_CHECKING:
     from phalanx_core import ClusterEnvironment
@@ -68,8 +70,10 @@ from ._ranks import (
     T,
     _run_here,
 )
-from ._rounds import RendezvousPlace, allow_connections, job_store, keep_alive_for, parse_rendezvous
+from ._rounds import RendezvousPlace, allow_connections, job_store, parse_rendezvous
 from ._rounds import register as register_rounds
+from ._scheduler_vars import _int_var
+from .environments import node_rank_needed
 
 __all__ = ["SubprocessLauncher"]
 
@@ -96,7 +100,13 @@ class SubprocessLauncher(Launcher):
 
     Options:
         node_rank: this node's rank; default the environment's
-            ``node_rank`` (``NODE_RANK``), else 0.
+            ``node_rank`` (``NODE_RANK``). Several nodes that meet once
+            need it; nodes that meet in rounds (``max_restarts``,
+            ``min_nodes`` or etcd) need none: the rendezvous numbers them,
+            and with ``c10d`` the node on the host whose address is the
+            main address hosts the store (as torchrun decides it); given,
+            it is the rank a node asks for in its first round, and node 0
+            hosts the store.
         max_restarts: how many times the job's ranks are stopped and
             started again after a failure before ``launch`` raises
             (default 0); on several nodes every node stops its ranks and
@@ -149,6 +159,10 @@ class SubprocessLauncher(Launcher):
     """
 
     is_interactive_compatible: ClassVar[bool] = False
+    #: Whether several nodes that meet in rounds may come without a node
+    #: rank (the rendezvous numbers them); a subclass that places work by
+    #: node rank says False.
+    node_ranks_from_rounds: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -172,10 +186,10 @@ class SubprocessLauncher(Launcher):
         self.listen_on = listen_on
         check_count("subprocess", "num_nodes", num_nodes)
         if node_rank is None:
-            node_rank = (
-                environment.node_rank if environment is not None else int(os.environ.get("NODE_RANK", 0))
-            )
-        if not isinstance(node_rank, int) or isinstance(node_rank, bool) or not 0 <= node_rank < num_nodes:
+            node_rank = _given_node_rank(environment)
+        if node_rank is not None and (
+            not isinstance(node_rank, int) or isinstance(node_rank, bool) or not 0 <= node_rank < num_nodes
+        ):
             raise MisconfigurationError(
                 f"launcher 'subprocess': node_rank={node_rank!r} is not a node of num_nodes={num_nodes} "
                 f"(0 .. {num_nodes - 1}); set NODE_RANK on each node, or pass node_rank="
@@ -206,7 +220,6 @@ class SubprocessLauncher(Launcher):
                 raise MisconfigurationError(
                     f"launcher 'subprocess': {name}={value!r}; expected a number of seconds above 0"
                 )
-        self.node_rank = node_rank
         self.max_restarts = max_restarts
         self.min_nodes = min_nodes
         self.rendezvous = rendezvous
@@ -218,6 +231,17 @@ class SubprocessLauncher(Launcher):
             )
         if rendezvous is not None:
             self._place()  # checks the address now
+        if node_rank is None and num_nodes == 1:
+            node_rank = 0
+        self.node_rank = node_rank
+        #: Without a node rank, whether this host is the main address's
+        #: (its launching process then hosts node 0's store).
+        self._main_here = False
+        if node_rank is None:
+            if not (self.node_ranks_from_rounds and self.elastic):
+                raise MisconfigurationError(node_rank_needed(num_nodes))
+            if self._place().kind == "c10d":
+                self._main_here = _is_this_host(*self._main())
         self.monitor_interval = float(monitor_interval)
         self.rendezvous_timeout = float(rendezvous_timeout)
         if host_lost_after < 5:
@@ -287,7 +311,7 @@ class SubprocessLauncher(Launcher):
             group_rank, group_world_size = LAST_ROUND[-1]
             first = group_rank * self.num_processes
             return range(first, first + self.num_processes), group_world_size * self.num_processes
-        first = self.node_rank * self.num_processes
+        first = (self.node_rank or 0) * self.num_processes  # None: no round met, no rank ran
         return range(first, first + self.num_processes), self.world_size
 
     def _all_delivered(self, folder: Path) -> bool:
@@ -329,7 +353,9 @@ class SubprocessLauncher(Launcher):
         rendezvous["rdzv_configs"]["keep"] = kept
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
-        variables = {**variables, "NODE_RANK": str(self.node_rank), **gloo, **one_thread(self.num_processes)}
+        variables = {**variables, **gloo, **one_thread(self.num_processes)}
+        if self.node_rank is not None:  # else the agent gives each round's (NODE_RANK)
+            variables["NODE_RANK"] = str(self.node_rank)
         if self.elastic:
             variables[MIN_NODES_VAR] = str(min_nodes)
         config = LaunchConfig(
@@ -349,7 +375,6 @@ class SubprocessLauncher(Launcher):
             **newer,
             **rendezvous,
         )
-        node = self.node_rank if self.num_nodes > 1 else None
         heartbeat = None
         if self.num_nodes > 1:  # a host lost without a word fails the round, or ends the job
             connect = self._watch_store()
@@ -376,7 +401,7 @@ class SubprocessLauncher(Launcher):
             agent_class(
                 who,
                 self.max_restarts,
-                node,
+                several_nodes=self.num_nodes > 1,
                 elastic=self.elastic,
                 heartbeat=heartbeat if self.elastic else None,
             ),
@@ -465,9 +490,11 @@ class SubprocessLauncher(Launcher):
 
     @property
     def _hosts_store(self) -> bool:
-        """This node's launching process hosts the job's store (node 0,
-        unless the store is in etcd)."""
-        return self.num_nodes > 1 and self.node_rank == 0 and self._place().kind == "c10d"
+        """This node's launching process hosts the job's store (node 0, or
+        without node ranks the main address's host; none in etcd)."""
+        if self.num_nodes == 1 or self._place().kind != "c10d":
+            return False
+        return self.node_rank == 0 if self.node_rank is not None else self._main_here
 
     def _watch_store(self) -> Callable[[], Any] | None:
         """How the node watch reaches the job's store (None on one node)."""
@@ -569,9 +596,6 @@ class SubprocessLauncher(Launcher):
                 "timeout": timeout,
                 "join_timeout": timeout,
                 "last_call_timeout": max(1, math.ceil(self.last_call)),
-                "close_timeout": 30,
-                "keep_alive_interval": keep_alive_for(self.num_nodes),
-                "keep_alive_max_attempt": 3,
                 "node_rank": self.node_rank,
             },
             "local_addr": listen or None,
@@ -595,6 +619,43 @@ class SubprocessLauncher(Launcher):
                 )
             values[rank] = pickle.loads(path.read_bytes())
         return values
+
+
+def _given_node_rank(environment: ClusterEnvironment | None) -> int | None:
+    """This node's rank as the environment gives it; None where it gives
+    none (the local environment without ``NODE_RANK``)."""
+    if environment is not None and getattr(environment, "node_rank_given", True):
+        return environment.node_rank
+    if environment is None and "NODE_RANK" in os.environ:
+        return _int_var("NODE_RANK", 0)
+    return None
+
+
+def _is_this_host(address: str, port: int) -> bool:
+    """Whether the main address is this host's (its name, or an address
+    one of its interfaces has): without node ranks, that node hosts the
+    job's store, as torchrun's c10d rendezvous decides it."""
+    if address in (socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        found = socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise MisconfigurationError(
+            f"launcher 'subprocess': the main address {address!r} (MASTER_ADDR, --main-address) does "
+            f"not resolve ({exc}); give the address of the host whose node hosts the job's store"
+        ) from None
+    if any(is_loopback(str(info[4][0])) for info in found):
+        raise MisconfigurationError(
+            f"launcher 'subprocess': the main address {address!r} is a loopback address, so no node "
+            "can tell whether it is the one that hosts the job's store: give each node --node-rank "
+            "(node 0 hosts it; nodes on one machine need that), or give --main-address the address "
+            "the other hosts reach the store's host at"
+        )
+    for family, kind, _, _, where in found:
+        with contextlib.suppress(OSError), socket.socket(family, kind) as probe:
+            probe.bind((str(where[0]), 0))  # only an address of this host binds
+            return True
+    return False
 
 
 def _check_listen_on(address: Any, num_nodes: int) -> None:
@@ -659,7 +720,7 @@ def _interpreter_options(target_length: int) -> list[str]:
 def _variables(values: Mapping[str, str]) -> Iterator[None]:
     """Set environment variables (which the ranks inherit) for a launch;
     restore them, and the one elastic sets, afterwards."""
-    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]
+    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE", "NODE_RANK"]  # the agent sets both
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(values)
     try:

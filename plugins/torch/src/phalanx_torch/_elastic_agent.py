@@ -47,7 +47,7 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
 
 @contextlib.contextmanager
 def agent_class(
-    who: str, max_restarts: int, node_rank: int | None, *, elastic: bool, heartbeat: Heartbeat | None = None
+    who: str, max_restarts: int, *, several_nodes: bool, elastic: bool, heartbeat: Heartbeat | None = None
 ) -> Iterator[None]:
     """While elastic's launch runs, its agent (torch's LocalElasticAgent)
     is this subclass, which says each restart and the rank that caused it
@@ -163,7 +163,8 @@ def agent_class(
                     f"(restart {restart} of {max_restarts})")  # fmt: skip
             elif failed and not self._joining:
                 restart = max_restarts - self._remaining_restarts
-                _say_restart(who, last, restart, max_restarts, node_rank)
+                node = worker_group.group_rank if several_nodes else None  # this round's
+                _say_restart(who, last, restart, max_restarts, node)
             elif last is not None and self._failed_elsewhere():
                 # Our ranks still ran when elastic saw the other node wait:
                 # its rank failed, ours lost their peer and were slower to

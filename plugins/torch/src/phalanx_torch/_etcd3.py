@@ -1,7 +1,7 @@
 """The job's state in an etcd cluster, over etcd's v3 API: a small client of
 its JSON gateway (HTTP, the standard library only), the job's store on it
-(:class:`Etcd3Store`, a ``torch.distributed.Store``) and the backend of torch
-elastic's dynamic rendezvous on it (:func:`rendezvous_backend`).
+(:class:`Etcd3Store`, a ``torch.distributed.Store``), on which the nodes
+meet in phalanx's counted rounds as they do on node 0's store.
 
 Why not a library: torch's etcd rendezvous and store speak the v2 API
 (python-etcd), which etcd 3.4 and 3.5 serve only with ``--enable-v2`` and
@@ -146,6 +146,17 @@ def _put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
     if lease:
         body["lease"] = str(lease)
     return body
+
+
+def _after(prefix: bytes) -> bytes:
+    """The end of the range of the keys that start with ``prefix``."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\0"  # every key
+    end[-1] += 1
+    return bytes(end)
 
 
 def _records(answer: dict[str, Any]) -> list[dict[str, Any] | None]:
@@ -349,6 +360,15 @@ class Etcd3:
             return True, revision, []
         return False, revision, _records(answer)
 
+    def count(self, prefix: bytes, created_by: int | None = None) -> int:
+        """How many keys start with ``prefix`` (made at revision
+        ``created_by`` or before, where given): one request, the keys not
+        sent back."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(_after(prefix)), "count_only": True}
+        if created_by is not None:
+            body["max_create_revision"] = str(created_by)
+        return int(self.call("kv/range", body).get("count", 0))
+
     def grant(self, ttl: int) -> int:
         """A new lease of ``ttl`` seconds; its id."""
         return int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
@@ -395,7 +415,8 @@ def _store_class() -> type:
     class Etcd3Store(dist.Store):  # type: ignore[misc,name-defined]
         """A ``torch.distributed.Store`` whose keys live in etcd under
         ``prefix``: ``set``, ``get`` and ``wait`` (blocking, through etcd's
-        watch), ``check`` and ``add``.
+        watch), ``check``, ``add``, ``compare_set``, ``multi_get`` and
+        ``multi_set``: what phalanx's counted rounds ask of a store.
 
         ``add`` is a compare-and-swap that counts once even where its
         answer was lost and the request was sent again: the swap also
@@ -446,6 +467,49 @@ def _store_class() -> type:
                     raise LookupError(f"etcd: no key {names} within {timeout:g} s")
                 self.client.watch(missing[0], revision, min(left, WATCH_SPAN))
 
+        def multi_get(self, keys: list[str]) -> list[bytes]:
+            found = self._wait_for([self._key(k) for k in keys], self.timeout.total_seconds())
+            return [_unb64(record.get("value")) for record in found]
+
+        def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
+            puts = [{"request_put": _put(self._key(k), _bytes(v))} for k, v in zip(keys, values, strict=True)]
+            self.client.call("kv/txn", {"success": puts})  # all at once
+
+        def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
+            """As ``TCPStore``'s: ``desired_value`` where the key holds
+            ``expected_value`` (``""``: where it does not exist); the key's
+            value after (the one that won)."""
+            target, expected, desired = self._key(key), _bytes(expected_value), _bytes(desired_value)
+            found, _ = self.client.read([target])
+            while True:
+                current = found[0]
+                if current is None and expected:
+                    return expected  # TCPStore's answer for a missing key and a value expected
+                if current is not None and _unb64(current.get("value")) != expected:
+                    return _unb64(current.get("value"))
+                revision = int(current["mod_revision"]) if current is not None else None
+                wrote, _, found = self.client.swap(target, revision, [(target, desired, 0)], [target])
+                if wrote:
+                    return desired
+
+        def enter(self, key: str) -> int:
+            """This client's place among those that entered ``key``: 1 for
+            the first. What ``add(key, 1)`` gives, without its retries: each
+            entrant writes a key of its own under ``key``, and its place is
+            the number of those made at its key's revision or before (etcd
+            numbers its writes), so that a thousand nodes entering at once
+            make three requests each, not a compare-and-swap race (whose
+            retries grow as the square of their number)."""
+            mine = self._key(f"{key}/entrant/{uuid.uuid4().hex}")
+            self.client.put(mine, b"1")
+            (record,), _ = self.client.read([mine])
+            assert record is not None  # written above; entries are never deleted
+            return self.client.count(self._key(f"{key}/entrant/"), int(record["create_revision"]))
+
+        def entered(self, key: str) -> int:
+            """How many have entered ``key`` (:meth:`enter`)."""
+            return self.client.count(self._key(f"{key}/entrant/"))
+
         def _add_lease(self) -> int:
             with self._lease_lock:
                 if not self._lease or time.monotonic() - self._leased_at > self.ADD_TTL / 2:
@@ -484,75 +548,6 @@ def job_store(
 ) -> Any:
     """The job's store in etcd under ``prefix``."""
     return _store_class()(Etcd3(endpoints, access=access), prefix, timeout)
-
-
-@functools.cache
-def _backend_class() -> type:
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
-
-    class Etcd3RendezvousBackend(RendezvousBackend):
-        """The state of torch elastic's dynamic rendezvous in one etcd key,
-        written by compare-and-swap on its revision, on a lease of
-        :attr:`TTL` seconds renewed by the writes (as torch's v2 backend
-        keeps it two hours). A write whose answer was lost is sent again,
-        fails its comparison, and elastic reads the state anew, as after
-        any lost race."""
-
-        TTL = 7200
-
-        def __init__(self, client: Etcd3, key: str) -> None:
-            self._client = client
-            self._key = key.encode()
-            self._lease = 0
-            self._leased_at = 0.0
-
-        @property
-        def name(self) -> str:
-            return "etcd-v3"
-
-        def _lease_now(self) -> int:
-            if not self._lease or time.monotonic() - self._leased_at > self.TTL / 2:
-                self._lease = self._client.grant(self.TTL)
-                self._leased_at = time.monotonic()
-            return self._lease
-
-        def get_state(self) -> tuple[bytes, Any] | None:
-            try:
-                (record,), _ = self._client.read([self._key])
-            except EtcdUnavailable as exc:
-                raise RendezvousConnectionError(str(exc)) from exc
-            return None if record is None else (_unb64(record.get("value")), int(record["mod_revision"]))
-
-        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
-            expected = int(token) if token is not None else None
-            try:
-                try:
-                    wrote, revision, found = self._client.swap(
-                        self._key, expected, [(self._key, state, self._lease_now())], [self._key]
-                    )
-                except EtcdRequestError as exc:
-                    if exc.code != _NOT_FOUND:
-                        raise
-                    self._lease = 0  # the lease expired
-                    wrote, revision, found = self._client.swap(
-                        self._key, expected, [(self._key, state, self._lease_now())], [self._key]
-                    )
-            except EtcdUnavailable as exc:
-                raise RendezvousConnectionError(str(exc)) from exc
-            if wrote:
-                return state, revision, True
-            record = found[0]
-            if record is None:  # its lease expired meanwhile
-                return None
-            return _unb64(record.get("value")), int(record["mod_revision"]), False
-
-    return Etcd3RendezvousBackend
-
-
-def rendezvous_backend(endpoints: Sequence[tuple[str, int]], key: str, access: Access = PLAIN) -> Any:
-    """The dynamic rendezvous' backend, its state at ``key``."""
-    return _backend_class()(Etcd3(endpoints, access=access), key)
 
 
 def _tls_error(member: tuple[str, int], exc: ssl.SSLError, access: Access) -> EtcdTLSError:

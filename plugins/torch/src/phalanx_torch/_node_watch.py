@@ -82,7 +82,7 @@ class NodeWatch:
     def __init__(
         self,
         connect: Callable[[], Any] | None,
-        node_rank: int,
+        node_rank: int | None,
         num_nodes: int,
         *,
         hosts_store: bool,
@@ -235,7 +235,8 @@ class NodeWatch:
         while not MET.wait(self.POLL):
             if self._stop.is_set():
                 return
-        if self.heartbeat is not None:
+        if self.heartbeat is not None:  # a job of fixed nodes, each given its rank
+            assert self.node_rank is not None
             self.heartbeat.start_round(0, self.node_rank, self.num_nodes)
         try:
             import torch.distributed as dist

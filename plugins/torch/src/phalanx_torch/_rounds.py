@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import math
 import os
 import threading
 import time
@@ -60,30 +59,6 @@ TIMED_OUT_HOLD = 10.0
 
 #: The name this module's handler is registered under in elastic.
 ELASTIC = "phalanx-elastic"
-
-#: Seconds between a node's heartbeats in elastic's dynamic rendezvous (in
-#: etcd), up to about 500 nodes (see :func:`keep_alive_for`); a node is
-#: dropped after three missed.
-KEEP_ALIVE = 1
-
-#: The seconds one heartbeat's write of elastic's rendezvous state takes per
-#: node in it (read, unpickle, change, pickle, compare_set of one blob that
-#: holds every node: 6-8 ms at 4,096 nodes on loopback, bench/README.md).
-_WRITE_PER_NODE = 1.6e-6
-
-
-def keep_alive_for(num_nodes: int) -> int:
-    """Seconds between heartbeats in a job of at most ``num_nodes`` nodes.
-
-    Elastic keeps every node's heartbeat in one stored blob that each node
-    rewrites with a compare-and-set; a write fails when another lands in
-    its window, which grows with the blob (``N x 1.6 us``). Heartbeats
-    collide rarely only while ``N / interval x window`` stays below about
-    0.5, so the interval grows as ``2 N^2 x 1.6 us``: 1 s up to about 550
-    nodes, 4 s at 1,024, 54 s at 4,096 (a lost node is then seen after
-    three intervals). Measured by bench/rendezvous_scale.py: with 1 s at
-    256 simulated nodes, 97 % of the writes failed and no round formed."""
-    return max(KEEP_ALIVE, math.ceil(2 * num_nodes * num_nodes * _WRITE_PER_NODE))
 
 
 def allow_connections(count: int) -> None:
@@ -328,42 +303,24 @@ def _create(params: Any) -> Any:
     place: RendezvousPlace = config["place"]
     timeout = float(config["timeout"])
     store = config.get("store") or job_store(place, host=None, timeout=timeout)
-    inner: Any
-    if place.kind == "etcd":
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+    from ._counted_rounds import CountedRounds
 
-        from . import _etcd3
-
-        key = f"/phalanx/{place.name}/rendezvous/{params.run_id}"
-        backend = _etcd3.rendezvous_backend(place.endpoints, key, place.access)
-        inner = dynamic.create_handler(store, backend, params)
-        # Heartbeats try briefly: elastic's heartbeat holds the lock that
-        # its look for joining nodes (every monitor interval) takes, so
-        # a heartbeat that waited out etcd's full patience held the agent
-        # up for as long (a job whose etcd was lost ended 2 minutes late).
-        heartbeat = inner._keep_alive
-
-        def keep_alive() -> None:
-            with _etcd3.briefly():
-                heartbeat()
-
-        inner._keep_alive = keep_alive
-    else:
-        from ._counted_rounds import CountedRounds
-
-        inner = CountedRounds(
-            store,
-            params.run_id,
-            min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes,
-            join_timeout=float(config.get("join_timeout", timeout)),
-            last_call=float(config.get("last_call_timeout", 3)),
-            address=params.local_addr,
-            node_rank=config.get("node_rank"),
-        )
+    # The same rounds on both stores: counters on node 0's store, and in
+    # etcd (whose store counts with its compare-and-swap).
+    inner = CountedRounds(
+        store,
+        params.run_id,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        join_timeout=float(config.get("join_timeout", timeout)),
+        last_call=float(config.get("last_call_timeout", 3)),
+        address=params.local_addr,
+        node_rank=config.get("node_rank"),
+    )
     handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
     handler.say = config.get("say")
     handler.hosts_store = config.get("store") is not None
+    handler.in_etcd = place.kind == "etcd"
     return handler
 
 
@@ -377,15 +334,16 @@ def _handler_class() -> type:
     )
 
     class RoundRendezvous(RendezvousHandler):
-        """Counted rounds (node 0's store) or elastic's dynamic rendezvous
-        (etcd), with a store of their own for each round's ranks (hosted
-        by the round's node 0) and the job's restart count kept in the
-        job's store."""
+        """Counted rounds (on node 0's store or in etcd), with a store of
+        their own for each round's ranks (hosted by the round's node 0)
+        and the job's restart count kept in the job's store."""
 
         #: Where lines about the wait go (the launcher sets it).
         say: Any = None
         #: This node's launching process hosts the job's store.
         hosts_store = False
+        #: The job's store is in etcd (else node 0 hosts it).
+        in_etcd = False
         #: Leave the rendezvous open when this node ends (it timed out).
         _keep_open = False
         #: etcd did not answer the last look for joining nodes (said once).
@@ -417,19 +375,12 @@ def _handler_class() -> type:
             from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousTimeoutError
 
             self._round_store = None  # the ranks of the round before are stopped
-            counted = _counted(self._inner)
             try:
-                with _unshared_store(), _saying_who_waits(self, self._timeout):
-                    if counted:
-                        store, rank, world_size, address = self._inner.next_rendezvous()
-                    else:
-                        info = self._inner.next_rendezvous()
-                        store, rank, world_size = info.store, info.rank, info.world_size
-                        address = _this_address(info)
+                with _saying_who_waits(self, self._timeout):
+                    store, rank, world_size, address = self._inner.next_rendezvous()
             except RendezvousTimeoutError:
-                if counted:
-                    with contextlib.suppress(Exception):  # read for the message: the store may be gone
-                        self.joined = self._inner.joined()
+                with contextlib.suppress(Exception):  # read for the message: the store may be gone
+                    self.joined = self._inner.joined()
                 self._timed_out()
                 self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
@@ -442,7 +393,7 @@ def _handler_class() -> type:
                     node=-1,
                     address=self._place_text,
                 ) from None
-            self.round = int(self._inner.round if counted else self._inner._state_holder.state.round)
+            self.round = int(self._inner.round)
             self.round_store = store
             self.group_rank, self.group_world_size = rank, world_size
             if rank == 0:
@@ -474,7 +425,7 @@ def _handler_class() -> type:
         def _never_met(self) -> Exception:
             from phalanx_core import NodeLostError
 
-            least, most = _bounds(self._inner)
+            least, most = self._inner.min_nodes, self._inner.max_nodes
             joined = self.joined
             seconds = self._timeout.total_seconds()
             return NodeLostError(
@@ -510,15 +461,10 @@ def _handler_class() -> type:
             return int(self.job_store.add("phalanx/restarts", 0))  # the counting node is gone
 
         def nodes_waiting_now(self) -> int:
-            """:meth:`num_nodes_waiting` read from the store now, not from
-            elastic's copy of the state, which may be a second old (a node
-            that has just asked to join is then not seen yet)."""
-            if _counted(self._inner):
-                return int(self._inner.waiting_now())
-            holder = self._inner._state_holder
-            if hasattr(holder, "_last_sync_time"):
-                holder._last_sync_time = -1.0
-            return self.num_nodes_waiting()
+            """:meth:`num_nodes_waiting` read from the store now, not the
+            count read up to a second ago (a node that has just asked to
+            join is then not seen yet)."""
+            return self._waiting(self._inner.waiting_now)
 
         def failed(self) -> bool:
             """Whether a node counted this round's failure already."""
@@ -535,19 +481,20 @@ def _handler_class() -> type:
             self._inner.set_closed()
 
         def num_nodes_waiting(self) -> int:
-            if _counted(self._inner):  # node 0's store: its loss ends the job (NodeLostError)
-                return int(self._inner.num_nodes_waiting())
+            return self._waiting(self._inner.num_nodes_waiting)
+
+        def _waiting(self, read: Any) -> int:
+            if not self.in_etcd:  # node 0's store: its loss ends the job (NodeLostError)
+                return int(read())
             # etcd, asked every monitor interval while the ranks train: if
             # the cluster cannot answer, the job goes on (no node joins
             # until it can), said once, rather than end at the patience's end.
-            from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-
             from . import _etcd3
 
             try:
                 with _etcd3.briefly():
-                    waiting = int(self._inner.num_nodes_waiting())
-            except RendezvousConnectionError as exc:
+                    waiting = int(read())
+            except _etcd3.EtcdUnavailable as exc:
                 if not self._etcd_silent and self.say is not None:
                     self.say(
                         f"{self._place_text} does not answer ({exc}); the ranks train on, but no node "
@@ -580,49 +527,6 @@ def _handler_class() -> type:
 
 
 @contextlib.contextmanager
-def _unshared_store() -> Any:
-    """Elastic's dynamic rendezvous without its one ``TCPStore`` shared by
-    every round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``): this module makes
-    a new one for each round."""
-    name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-    saved = os.environ.get(name)
-    os.environ[name] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
-def _counted(inner: Any) -> bool:
-    """Whether ``inner`` is phalanx's counted rounds (else elastic's dynamic rendezvous)."""
-    return hasattr(inner, "joined_count")
-
-
-def _bounds(inner: Any) -> tuple[int, int]:
-    """The fewest and the most nodes of a round."""
-    if _counted(inner):
-        return inner.min_nodes, inner.max_nodes
-    return inner.settings.min_nodes, inner.settings.max_nodes
-
-
-def _joined(inner: Any) -> list[str]:
-    """The addresses of the nodes in the round being formed (elastic's
-    state as this node last read it; counted rounds: read from the store);
-    empty once this node has left it (elastic leaves the round when its
-    wait times out)."""
-    if _counted(inner):
-        return list(inner.joined())
-    state = inner._state_holder.state
-    nodes = list(state.participants) + list(state.wait_list)
-    if getattr(inner, "_this_node", None) not in nodes:
-        return []
-    return sorted(str(getattr(node, "addr", node)) for node in nodes)
-
-
-@contextlib.contextmanager
 def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
     """While this node waits for a round: the nodes that joined, as this
     node last read them, kept in ``handler.joined`` every second; after
@@ -631,26 +535,23 @@ def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
     start = time.monotonic()
     handler.joined = []
 
-    counted = _counted(handler._inner)
-
     def tell() -> None:
         next_say = 5.0
         while not done.wait(1.0):
             waited = time.monotonic() - start
             saying = handler.say is not None and waited >= next_say
-            # Counted rounds read the nodes from the store: only to say them
-            # (elastic's are its copy of the state, read every second).
-            with contextlib.suppress(Exception):  # a state being replaced: read it next time
+            # The nodes are read from the store only to say them.
+            with contextlib.suppress(Exception):  # the store does not answer: read it next time
                 # The most seen: a node that gave up waiting first leaves
                 # the round, and the nodes that joined are what is said.
-                now = _joined(handler._inner) if saying or not counted else handler.joined
+                now = list(handler._inner.joined()) if saying else handler.joined
                 if len(now) >= len(handler.joined):
                     handler.joined = now
             if saying:
                 next_say += 30.0 if next_say > 5.0 else 25.0
                 handler.say(
                     f"waiting for the nodes to meet: {len(handler.joined)} joined "
-                    f"({', '.join(handler.joined)}), a round needs {_bounds(handler._inner)[0]}; "
+                    f"({', '.join(handler.joined)}), a round needs {handler._inner.min_nodes}; "
                     f"{timeout.total_seconds() - waited:.0f} s left of rendezvous_timeout"
                 )
 
@@ -660,9 +561,3 @@ def _saying_who_waits(handler: Any, timeout: datetime.timedelta) -> Any:
         yield
     finally:
         done.set()
-
-
-def _this_address(info: Any) -> str:
-    """The address elastic put in the round for this node (its own idea of
-    where it is reached), where this node listens on every interface."""
-    return str(info.bootstrap_store_info.master_addr)

@@ -52,6 +52,17 @@ __all__ = [
 ]
 
 
+def node_rank_needed(num_nodes: int) -> str:
+    """The error of several nodes on the local environment without
+    ``NODE_RANK`` where something needs it."""
+    return (
+        f"num_nodes={num_nodes} on the local environment needs NODE_RANK set on each node "
+        "(and MASTER_ADDR pointing at node 0); set them (phalanx run --node-rank N --main-address "
+        "ADDRESS), let the nodes meet in rounds that number them (--max-restarts N, --num-nodes "
+        "MIN:MAX or --rendezvous etcd://...), or use a scheduler's environment (slurm, torchelastic)"
+    )
+
+
 class LocalEnvironment(ClusterEnvironment):
     """This machine, with ranks given by a launcher (or one process alone).
 
@@ -66,6 +77,7 @@ class LocalEnvironment(ClusterEnvironment):
     def __init__(self, *, main_address: str = "127.0.0.1", main_port: int = 29500) -> None:
         self._main_address = main_address
         self._main_port = main_port
+        self._num_nodes = 1  # as validate() was told
 
     @classmethod
     def detect(cls) -> bool:
@@ -93,15 +105,21 @@ class LocalEnvironment(ClusterEnvironment):
 
     @property
     def node_rank(self) -> int:
+        if self._num_nodes > 1 and not self.node_rank_given:
+            # Read where no NODE_RANK was given for several nodes: node 0 is
+            # not assumed (the subprocess launcher asks node_rank_given first).
+            raise MisconfigurationError(node_rank_needed(self._num_nodes))
         return _int_var("NODE_RANK", 0)
 
+    @property
+    def node_rank_given(self) -> bool:
+        """Whether this node was given its rank (``NODE_RANK``). Several
+        nodes that meet in rounds need none: the rendezvous numbers them
+        (the ``subprocess`` launcher says which need it)."""
+        return "NODE_RANK" in os.environ
+
     def validate(self, *, num_devices: int, num_nodes: int) -> None:
-        if num_nodes != 1 and "NODE_RANK" not in os.environ:
-            raise MisconfigurationError(
-                f"num_nodes={num_nodes} on the local environment needs NODE_RANK set on each node "
-                "(and MASTER_ADDR pointing at node 0); set them, or use a scheduler's environment "
-                "(slurm, torchelastic)"
-            )
+        self._num_nodes = num_nodes
         if "LOCAL_RANK" in os.environ and not 0 <= self.local_rank < num_devices:
             raise MisconfigurationError(
                 f"LOCAL_RANK={self.local_rank} is set, but devices={num_devices}: this process would "
@@ -134,6 +152,8 @@ class VariablesEnvironment(LocalEnvironment):
                 "is not set; set every one in each process you start, or use environment='local' and "
                 "let a launcher start them"
             )
+        if num_nodes != 1 and not self.node_rank_given:
+            raise MisconfigurationError(node_rank_needed(num_nodes))
         super().validate(num_devices=num_devices, num_nodes=num_nodes)
         _check_layout(
             who="the processes you started",

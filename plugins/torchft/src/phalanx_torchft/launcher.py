@@ -105,6 +105,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
     """
 
     is_interactive_compatible: ClassVar[bool] = False
+    #: Each host runs the groups of its node rank: it needs one.
+    node_ranks_from_rounds: ClassVar[bool] = False
 
     def __init__(
         self,
