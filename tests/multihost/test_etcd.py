@@ -211,8 +211,24 @@ def test_compare_set_and_the_multi_key_calls_behave_as_tcpstores(cluster):
         assert not each.check(["none"])
         each.multi_set(["r/1", "r/2"], ["0", "1"])
         assert each.multi_get(["r/2", "r/1"]) == [b"1", b"0"]
+        many = [f"m/{i}" for i in range(300)]  # more than etcd's 128 operations in one transaction
+        each.multi_set(many, [str(i) for i in range(300)])
+        assert each.multi_get(many) == [str(i).encode() for i in range(300)]
     cluster.kill(1)  # a member lost: the next member answers
     assert store.compare_set("end", "4", "6") == b"6"
+
+
+def test_nodes_entering_at_once_get_every_place_once(cluster):
+    """``enter``, how a node joins a round in etcd: 40 clients at once get
+    the places 1..40, each once; ``entered`` counts them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stores = [_etcd3.job_store(cluster.endpoints, "/phalanx/test/enter", 30) for _ in range(40)]
+    assert stores[0].entered("r/0/joined") == 0
+    with ThreadPoolExecutor(40) as pool:
+        places = sorted(pool.map(lambda store: store.enter("r/0/joined"), stores))
+    assert places == list(range(1, 41))
+    assert stores[1].entered("r/0/joined") == 40 and stores[1].entered("r/1/joined") == 0
 
 
 def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
@@ -433,7 +449,7 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
         assert sorted(line.split()[-2:] for line in lines) == [["world=2", "rank=0"], ["world=2", "rank=1"]]
         # The job's state is where the URL said, written as the user.
         client = _etcd3.Etcd3(cluster.endpoints, access=cluster.access(user="job", password="pw"))
-        found, _ = client.read([b"/phalanx/tls-job/store/phalanx/restarts"])
+        found, _ = client.read([b"/phalanx/tls-job/store/phalanx/rdzv/0/closed"])  # the first round's end
         assert found[0] is not None
         # A client certificate with a CommonName, which the gateway refuses
         # while authentication is on, is named with what to do.

@@ -1,5 +1,8 @@
 """Rounds of nodes met by counters on the job's store: phalanx's own
-rendezvous for a job whose store node 0 hosts (``rendezvous="c10d"``).
+rendezvous, the same whether node 0 hosts the store (``rendezvous="c10d"``)
+or it is in etcd (where a node's place is given by the store's ``enter``,
+ordered by etcd's revisions: etcd has no atomic add, and compare-and-swaps
+on one key race).
 
 Elastic's dynamic rendezvous keeps every node of a round, and its
 heartbeat, in one pickled blob that each node rewrites with a
@@ -85,6 +88,7 @@ class CountedRounds:
         last_call: float,
         address: str | None = None,
         node_rank: int | None = None,
+        by_entries: bool = False,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -96,6 +100,9 @@ class CountedRounds:
         #: The node rank this node would like: the one it was started with,
         #: then the one it had in the round before.
         self.wanted = node_rank
+        #: Places given by the store's ``enter`` (etcd's, ordered by its
+        #: revisions), else by its ``add`` (node 0's store, atomic there).
+        self.by_entries = by_entries
         #: The round this node is in (-1: none yet), and its place in the
         #: round it is joining or in.
         self.round = -1
@@ -110,6 +117,16 @@ class CountedRounds:
     @staticmethod
     def _key(round_: int, name: str) -> str:
         return f"{PREFIX}/{round_}/{name}"
+
+    def _enter(self, round_: int) -> int:
+        """Join round ``round_``: this node's place in it (1 for the first)."""
+        key = self._key(round_, "joined")
+        return int(self.store.enter(key)) if self.by_entries else int(self.store.add(key, 1))
+
+    def _joined(self, round_: int) -> int:
+        """How many nodes joined round ``round_``."""
+        key = self._key(round_, "joined")
+        return int(self.store.entered(key)) if self.by_entries else int(self.store.add(key, 0))
 
     # -- a round ----------------------------------------------------------------
 
@@ -127,7 +144,7 @@ class CountedRounds:
                 raise RendezvousClosedError
             self._joining = round_
             self._visited.append(round_)
-            self.place = place = int(store.add(self._key(round_, "joined"), 1))
+            self.place = place = self._enter(round_)
             wanted = "-" if self.wanted is None else str(self.wanted)
             store.set(self._key(round_, f"node/{place}"), f"{wanted} {self.address}")
             if place >= self.min_nodes:
@@ -196,7 +213,7 @@ class CountedRounds:
                 continue
             now = time.monotonic()
             if last_call_ends is not None and now >= last_call_ends:
-                joined = int(store.add(self._key(round_, "joined"), 0))
+                joined = self._joined(round_)
                 return self._close(round_, str(min(joined, self.max_nodes)))
             if now >= deadline:
                 return None
@@ -223,7 +240,7 @@ class CountedRounds:
             return []
         found: set[str] = set()
         for round_ in self._visited:
-            count = int(self.store.add(self._key(round_, "joined"), 0))
+            count = self._joined(round_)
             keys = [self._key(round_, f"node/{place}") for place in range(1, count + 1)]
             present = [key for key in keys if self.store.check([key])]
             if present:
@@ -234,7 +251,7 @@ class CountedRounds:
 
     def joined_count(self) -> int:
         round_ = self._joining
-        return int(self.store.add(self._key(round_, "joined"), 0)) if round_ >= 0 else 0
+        return self._joined(round_) if round_ >= 0 else 0
 
     def num_nodes_waiting(self) -> int:
         """The nodes that joined the round after this node's (they wait for
@@ -247,7 +264,7 @@ class CountedRounds:
     def waiting_now(self) -> int:
         if self.round < 0:
             return 0
-        count = int(self.store.add(self._key(self.round + 1, "joined"), 0))
+        count = self._joined(self.round + 1)
         self._waiting = (time.monotonic(), count)
         return count
 

@@ -1,22 +1,20 @@
 """Rounds of a job of several nodes that restarts: membership and
-``MIN:MAX`` nodes, on a store that either node 0 hosts (met by phalanx's
-counted rounds, :mod:`._counted_rounds`) or an etcd cluster keeps (torch
-elastic's dynamic rendezvous), with a new store for the ranks of every
-round.
+``MIN:MAX`` nodes, met by phalanx's counted rounds (:mod:`._counted_rounds`)
+on a store that either node 0 hosts or an etcd cluster keeps, with a new
+store for the ranks of every round.
 
 Used by the ``subprocess`` launcher on several nodes when the job restarts
 (``max_restarts``), changes size (``min_nodes``) or keeps its rendezvous in
 etcd; see :class:`~phalanx_torch.launchers.SubprocessLauncher`. Imports no
 torch at import time.
 
-What both give: a round forms once ``min_nodes`` nodes have joined and
+A round forms once ``min_nodes`` nodes have joined and
 either ``max_nodes`` have, or ``last_call`` seconds have passed since the
 ``min_nodes``-th joined; a node that joins a running job waits, and the
-running nodes start a new round when they see it. Elastic's dynamic
-rendezvous keeps every node, and its heartbeat, in one record rewritten
-with a compare-and-set, which does not hold for thousands of nodes
-(bench/README.md, ``rendezvous_scale.py``); on node 0's store the counted
-rounds take its place. What this module adds to either:
+running nodes start a new round when they see it. (Elastic's dynamic
+rendezvous, which keeps every node and its heartbeat in one record
+rewritten with a compare-and-set, does not hold for thousands of nodes:
+bench/README.md, ``rendezvous_scale.py``.) What this module adds:
 
 - every round's ranks get a store of their own, made by the round's node 0
   on a port the kernel gives (torch's shared store keeps the keys of the
@@ -316,6 +314,7 @@ def _create(params: Any) -> Any:
         last_call=float(config.get("last_call_timeout", 3)),
         address=params.local_addr,
         node_rank=config.get("node_rank"),
+        by_entries=place.kind == "etcd",
     )
     handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
     handler.say = config.get("say")
