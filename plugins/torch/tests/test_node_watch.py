@@ -327,10 +327,13 @@ def test_a_node_exits_cleanly_when_the_store_goes_away_as_it_exits():
 
 
 def test_heartbeats_slow_down_with_the_node_count():
-    assert _rounds.keep_alive_for(2) == 1
-    assert _rounds.keep_alive_for(512) == 1
-    assert _rounds.keep_alive_for(1024) == 4
-    assert _rounds.keep_alive_for(4096) == 54
+    """One beat a second per node, then fewer: from 1,000 nodes on node 0's
+    store, from 250 in etcd (each beat a write its members make durable)."""
+    from phalanx_torch._heartbeat import interval_for
+
+    assert interval_for(2, "c10d") == interval_for(1000, "c10d") == interval_for(250, "etcd") == 1.0
+    assert interval_for(4096, "c10d") == 4.096
+    assert interval_for(1024, "etcd") == 4.096
 
 
 def test_the_store_host_may_open_three_connections_a_node():
