@@ -108,8 +108,9 @@ class PlanMismatchError(MisconfigurationError):
 
 class CollectiveConnectionError(PhalanxError, ConnectionError):
     """A rank could not reach another: the connection was refused, or no
-    route leads to the address it was given. The message names the
-    address, what the network said, and where the address came from.
+    route leads to the address it was given, or the connection closed
+    under an operation (the other rank's process ended). The message names
+    the address, what the network said, and where the address came from.
     ``operation`` is the operation that tried (``"setup"``)."""
 
     def __init__(self, message: str, *, operation: str) -> None:

@@ -117,6 +117,43 @@ def test_a_rank_that_does_not_arrive_is_named_by_the_timeout():
     assert strategy.launch(slow_rank_times_out) == [("barrier", (1,), 2.0), "late"]
 
 
+def rank_one_leaves(strategy):
+    import time
+
+    from phalanx_core import CollectiveConnectionError
+
+    collective = strategy.collective
+    collective.all_reduce(torch.ones(1))  # every connection is made
+    if strategy.global_rank == 1:
+        dist.destroy_process_group()  # closes its connections, as a process that ends does
+        return "left"
+    time.sleep(1.5)  # the connections are closed before rank 0 calls
+    caught = []
+    for call in (collective.barrier, lambda: collective.all_reduce(torch.ones(1))):
+        try:
+            call()
+        except CollectiveConnectionError as exc:
+            caught.append((exc.operation, str(exc)))
+    return caught
+
+
+def test_a_rank_whose_peer_left_is_told_so_by_name():
+    # gloo says "Connection closed by peer [address]" where the other rank's
+    # process ended before this one called: it is said as the contract's
+    # error, not gloo's RuntimeError.
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=30)
+    caught, left = strategy.launch(rank_one_leaves)
+    assert left == "left"
+    assert [operation for operation, _ in caught] == ["barrier", "all_reduce"]
+    for operation, message in caught:
+        assert message.startswith(
+            f"{operation}() on the 'torch' collective (gloo, rank 0 of 2) lost its connection to the rank at "
+        )
+        assert "Connection closed by peer. That rank's process ended" in message
+    assert "Every rank calls barrier()" in caught[0][1]
+    assert "Every rank calls barrier()" not in caught[1][1]
+
+
 def test_timeout_is_a_positive_number():
     with pytest.raises(MisconfigurationError, match="positive number of seconds"):
         TorchCollective(timeout=datetime.timedelta(seconds=3))  # type: ignore[arg-type]

@@ -16,6 +16,16 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+_CLOSED = re.compile(
+    r"(?P<what>Connection closed by peer|Connection reset by peer)"
+    r"[^\[\d]*(?P<address>\[?[0-9a-fA-F:.]+\]?:\d+)?",
+    re.IGNORECASE,
+)
+#: What a barrier's error adds: the likeliest reason a rank is not there.
+EVERY_RANK_CALLS = (
+    "Every rank calls barrier(), and every call that waits for the others: save_checkpoint and "
+    "load_checkpoint too (an `if rank == 0: save` leaves the other ranks out)"
+)
 
 
 def translate(exc: BaseException, operation: str, *, where: str, timeout: float) -> BaseException:
@@ -38,6 +48,16 @@ def translate(exc: BaseException, operation: str, *, where: str, timeout: float)
         return CollectiveConnectionError(
             f"{operation}() on the 'torch' collective ({where}) could not connect to another rank "
             f"at {address}: {what}.{why}",
+            operation=operation,
+        )
+    closed = None if _TIMED_OUT.search(message) else _CLOSED.search(message)
+    if closed:
+        at = f" at {closed.group('address')}" if closed.group("address") else ""
+        hint = f" {EVERY_RANK_CALLS}" if operation == "barrier" else ""
+        return CollectiveConnectionError(
+            f"{operation}() on the 'torch' collective ({where}) lost its connection to the rank{at}: "
+            f"{closed.group('what')}. That rank's process ended (it failed, was killed, or left "
+            f"{operation}() out and exited); its own error says why.{hint}",
             operation=operation,
         )
     if not _TIMED_OUT.search(message):
@@ -64,9 +84,7 @@ def left_barrier(translated: BaseException, waited: float, *, where: str, timeou
     who = f"ranks {list(ranks)}" if ranks else "a rank"
     return CollectiveTimeoutError(
         f"barrier() on the 'torch' collective ({where}) "
-        f"failed after {waited:.1f} s: {who} left without calling it (exited, or failed). Every rank "
-        "calls barrier(), and every call that waits for the others: save_checkpoint and "
-        "load_checkpoint too (an `if rank == 0: save` leaves the other ranks out)",
+        f"failed after {waited:.1f} s: {who} left without calling it (exited, or failed). {EVERY_RANK_CALLS}",
         operation="barrier",
         timeout=timeout,
         missing_ranks=ranks,
