@@ -158,7 +158,10 @@ def test_a_save_on_rank_0_only_is_reported_at_once_naming_the_calls_every_rank_m
     )
     assert done.returncode == 1
     output = done.stdout + done.stderr
-    assert "ranks [1] left without calling it" in output
+    # rank 1 left before rank 0's barrier waited on it, or before rank 0 called it
+    assert "ranks [1] left without calling it" in output or (
+        "barrier() on the 'torch' collective (gloo, rank 0 of 2) lost its connection to the rank at" in output
+    )
     assert (
         "save_checkpoint and load_checkpoint too (an `if rank == 0: save` leaves the other ranks out)"
         in output
