@@ -18,11 +18,13 @@ after ``rendezvous_timeout``, with lines saying what they wait for.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,7 +174,22 @@ def test_a_lost_host_leaves_the_job_on_two_and_a_host_started_again_joins(make_b
     text = job.describe()
     assert "every rank is stopped and started again (restart 1 of 3)" in text, text
     assert "asked to join; every rank is stopped and the nodes meet in a new round" in text, text
+    assert_named_lost(text, bed, 2)
     print(f"from the kill to the first step on two hosts: {recovered:.1f} s")
+
+
+def assert_named_lost(text: str, bed: Any, lost: int) -> None:
+    """The nodes left say that their ranks lost a peer, not that one failed,
+    and, once they meet again, which node of the round before did not come:
+    by its node rank, host name and address."""
+    assert re.search(
+        r"rank \d+ lost a peer \(exit code 1: .*\); no rank of this node failed of itself", text
+    ), text
+    assert re.search(
+        rf"node {lost} \(host node{lost}, address {re.escape(bed.hosts[lost].address)}\) of round \d+ did not join "
+        r"round \d+: it was lost \(the host, its network, or its phalanx run ended\); the job goes on with 2 nodes",
+        text,
+    ), text
 
 
 def test_a_host_lost_without_a_word_is_seen_by_its_heartbeat_and_the_job_goes_on_on_two(make_bed, out):
@@ -302,6 +319,8 @@ def test_with_the_rendezvous_in_etcd_losing_node_zero_leaves_the_job_on_two(make
     assert_every_sample_once(out)
     if how == "lost-without-a-word":
         assert "(host node0) is lost: its launching process stopped beating" in job.describe(), job.describe()
+    else:
+        assert_named_lost(job.describe(), bed, 0)
 
 
 @pytest.mark.parametrize("where", ["etcd", "node 0's store"])

@@ -6,6 +6,7 @@ tests/multihost/test_elastic.py and test_nodes.py."""
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import time
 from collections import Counter
@@ -159,8 +160,9 @@ def test_many_nodes_form_one_round_with_a_bounded_number_of_requests_each(store)
     assert sorted(r[0] for r in results.values()) == list(range(n))
     assert {r[1] for r in results.values()} == {n}
     # Joining and closing: a few requests a node (less meet()'s own set in
-    # the round's store); waiting: one look every poll (0.1 s here).
-    assert (sum(counts.values()) - counts["check"] - n) / n <= 6, counts
+    # the round's store; with the read of who left the round before);
+    # waiting: one look every poll (0.1 s here).
+    assert (sum(counts.values()) - counts["check"] - n) / n <= 7, counts
     assert counts["check"] <= n * (took / nodes[0].poll() + 3), (counts, took)
 
 
@@ -175,8 +177,19 @@ def test_node_ranks_follow_the_ranks_the_nodes_were_started_with_and_stay_where_
     # and meet again in that order whichever joins first.
     second = meet([nodes[0], nodes[2]], delays={0: 0.3})
     assert {i: r[:2] for i, r in second.items()} == {0: (0, 2), 1: (1, 2)}
+    # Every node that met is told which node of the round before did not
+    # come back (node rank, address, host name), and which round that was.
+    host = socket.gethostname()
+    assert [(n.previous, n.left) for n in (nodes[0], nodes[2])] == [(0, [(1, "n1", host)])] * 2
     third = meet([nodes[0], nodes[2]], delays={0: 0.3})
     assert {i: r[:2] for i, r in third.items()} == {0: (0, 2), 1: (1, 2)}
+    assert [(n.previous, n.left) for n in (nodes[0], nodes[2])] == [(1, [])] * 2
+    # A new node started with the lost node's rank is not taken for it: it
+    # is another node (another launching process), and node 2 of round 2
+    # is the one that did not come back (its rank there was 1).
+    fourth = meet([nodes[0], node(store, "n3", least=2, most=3, node_rank=1, last_call=3.0)], delays={0: 0.3})
+    assert {i: r[:2] for i, r in fourth.items()} == {0: (0, 2), 1: (1, 2)}
+    assert (nodes[0].previous, nodes[0].left) == (2, [(1, "n2", host)])
 
 
 class _SlowToCount:

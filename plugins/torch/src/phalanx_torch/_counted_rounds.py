@@ -31,6 +31,11 @@ of them per round, whatever the number of nodes:
   that the ranks stay where they were while the nodes do), and in its
   first round the ``node_rank`` it was started with; every other node
   reads its own rank (one ``get``);
+- that node also writes the round's members (``r/members``: node rank,
+  address and host name of each) and, from the members of the round met
+  before, those that did not come back (``r/left``; one ``get`` for every
+  node): a node lost with its host is named so, where its peers only saw
+  a connection close;
 - a node whose place is above that number came late: it joins ``r + 1``,
   and the nodes of round ``r`` see it there (``num_nodes_waiting``, one
   small read a second) and meet it in a new round, as with elastic;
@@ -111,6 +116,10 @@ class CountedRounds:
         #: The rounds this node joined while it waits to meet the others.
         self._visited: list[int] = []
         self._waiting: tuple[float, int] | None = None
+        #: The members of the round met before this node's round that did
+        #: not join it (node rank, address, host name), and that round.
+        self.left: list[tuple[int, str, str]] = []
+        self.previous = -1
 
     # -- keys -----------------------------------------------------------------
 
@@ -146,7 +155,7 @@ class CountedRounds:
             self._visited.append(round_)
             self.place = place = self._enter(round_)
             wanted = "-" if self.wanted is None else str(self.wanted)
-            store.set(self._key(round_, f"node/{place}"), f"{wanted} {self.address}")
+            store.set(self._key(round_, f"node/{place}"), f"{wanted} {self.address} {socket.gethostname()}")
             if place >= self.min_nodes:
                 store.set(self._key(round_, "min"), "1")
             if place == self.max_nodes:
@@ -163,26 +172,50 @@ class CountedRounds:
         self.round, self._joining = round_, -1
         world_size = int(end)
         if place == 1:
+            previous = int(store.add(f"{PREFIX}/open", 0)) - 1  # the round met before (-1: none)
             store.set(f"{PREFIX}/open", str(round_ + 1))  # where a new node starts
-            self._give_ranks(round_, world_size)
+            self._give_ranks(round_, world_size, previous)
         rank = int(store.get(self._key(round_, f"rank/{place}")))
         self.wanted = rank
+        previous_text, _, left = bytes(store.get(self._key(round_, "left"))).decode().partition("\n")
+        self.previous = int(previous_text)
+        self.left = [_member(line) for line in left.splitlines()]
         round_store = dist.PrefixStore(f"{PREFIX}/{round_}/store", store)  # type: ignore[attr-defined]
         return round_store, rank, world_size, self.address
 
-    def _give_ranks(self, round_: int, world_size: int) -> None:
+    def _give_ranks(self, round_: int, world_size: int, previous: int) -> None:
         """Node ranks for the round's nodes, in the order of the ranks they
         would like (a node that would like none last), then of their
-        addresses, then of their places."""
+        addresses, then of their places; the round's members, and the
+        members of round ``previous`` (the round met before) that are not
+        among them. A member came back where a node of this round would
+        like its rank (its rank of the round before) from its address."""
+        store = self.store
         places = range(1, world_size + 1)
-        nodes = self.store.multi_get([self._key(round_, f"node/{place}") for place in places])
-        order = []
-        for place, value in zip(places, nodes, strict=True):
-            wanted, _, address = bytes(value).decode().partition(" ")
-            order.append((int(wanted) if wanted.isdigit() else 1 << 62, address, place))
-        order.sort()
-        self.store.multi_set(
-            [self._key(round_, f"rank/{place}") for _, _, place in order], [str(r) for r in range(world_size)]
+        nodes = [
+            _member(bytes(v).decode())
+            for v in store.multi_get([self._key(round_, f"node/{p}") for p in places])
+        ]
+        order = sorted(
+            (wanted if wanted >= 0 else 1 << 62, address, place, host)
+            for place, (wanted, address, host) in zip(places, nodes, strict=True)
+        )
+        left: list[str] = []
+        if previous >= 0 and store.check([self._key(previous, "members")]):
+            back = {(wanted, address) for wanted, address, _ in nodes}
+            before = bytes(store.get(self._key(previous, "members"))).decode().splitlines()
+            left = [line for line in before if _member(line)[:2] not in back]
+        members = [f"{rank} {address} {host}" for rank, (_, address, _, host) in enumerate(order)]
+        # In one request, the members and who left first: a node reads them
+        # once it has read its rank (etcd's writes go 128 to a transaction,
+        # in this order).
+        store.multi_set(
+            [
+                self._key(round_, "members"),
+                self._key(round_, "left"),
+                *(self._key(round_, f"rank/{place}") for _, _, place, _ in order),
+            ],
+            ["\n".join(members), "\n".join([str(previous), *left]), *(str(r) for r in range(world_size))],
         )
 
     def _close(self, round_: int, value: str) -> str:
@@ -244,9 +277,7 @@ class CountedRounds:
             keys = [self._key(round_, f"node/{place}") for place in range(1, count + 1)]
             present = [key for key in keys if self.store.check([key])]
             if present:
-                found.update(
-                    bytes(value).decode().partition(" ")[2] for value in self.store.multi_get(present)
-                )
+                found.update(_member(bytes(value).decode())[1] for value in self.store.multi_get(present))
         return sorted(found)
 
     def joined_count(self) -> int:
@@ -281,3 +312,11 @@ class CountedRounds:
         """The job ends on this node: every node waiting to meet stops too."""
         self.set_closed()
         return True
+
+
+def _member(text: str) -> tuple[int, str, str]:
+    """A node as the rounds write it (``"RANK ADDRESS HOST"``, ``-`` for
+    no rank): ``(rank or -1, address, host)``."""
+    rank, _, rest = text.partition(" ")
+    address, _, host = rest.partition(" ")
+    return (int(rank) if rank.isdigit() else -1), address, host

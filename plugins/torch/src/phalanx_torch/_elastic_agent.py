@@ -39,6 +39,13 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
         how = f"killed by {killed}" if killed else f"exit code {first.exitcode}"
         last = (first.traceback or "").strip().splitlines()[-1:]
         what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
+        if first.raised and first.lost_a_peer:
+            # The likeliest cause is the one this node's ranks cannot see.
+            what = (
+                f"rank {first.rank} lost a peer ({how}{': ' + last[0] if last else ''}); no rank of "
+                "this node failed of itself: the cause is on another node (its output names the rank), "
+                "or that node was lost (the next round names it)"
+            )
     sys.stderr.write(
         f"{who}: {what}; every rank is stopped and started again (restart {restart} of {max_restarts})\n"
     )

@@ -399,8 +399,24 @@ def _handler_class() -> type:
                 self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
                 store.set("phalanx/ranks-store", f"{self._listen or address} {self._round_store.port}")
             address, port = store.get("phalanx/ranks-store").decode().split()
+            if self._inner.left and self.say is not None:
+                self.say(self.left_words())
             MET.set()
             return RendezvousInfo(store, rank, world_size, RendezvousStoreInfo(address, int(port)))
+
+        def left_words(self) -> str:
+            """The nodes of the round met before that did not join this one."""
+            inner = self._inner
+            nodes = [
+                f"node {rank} (host {host or '?'}, address {address})" for rank, address, host in inner.left
+            ]
+            were = "was" if len(nodes) == 1 else "were"
+            return (
+                f"{' and '.join(nodes)} of round {inner.previous} did not join round {self.round}: "
+                f"{'it' if len(nodes) == 1 else 'they'} {were} lost (the host, its network, or its "
+                f"phalanx run ended); the job goes on with {self.group_world_size} "
+                f"node{'s' if self.group_world_size > 1 else ''}"
+            )
 
         def _timed_out(self) -> None:
             """Count this node's timeout in the job's store; on the node that
