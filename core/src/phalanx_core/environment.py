@@ -66,6 +66,14 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """The rank of this process's node."""
 
+    @property
+    def node_rank_given(self) -> bool:
+        """Whether this environment gives the node's rank (a scheduler's
+        does). ``False`` where none was given for nodes that the rendezvous
+        numbers (nodes that meet in rounds); ``node_rank`` then raises
+        :class:`~phalanx_core.MisconfigurationError`. ``True`` by default."""
+        return True
+
     def validate(self, *, num_devices: int, num_nodes: int) -> None:  # noqa: B027 - optional check
         """Check that this environment can run ``num_devices`` processes per
         node on ``num_nodes`` nodes; raise

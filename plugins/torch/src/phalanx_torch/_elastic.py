@@ -624,7 +624,7 @@ class SubprocessLauncher(Launcher):
 def _given_node_rank(environment: ClusterEnvironment | None) -> int | None:
     """This node's rank as the environment gives it; None where it gives
     none (the local environment without ``NODE_RANK``)."""
-    if environment is not None and getattr(environment, "node_rank_given", True):
+    if environment is not None and environment.node_rank_given:
         return environment.node_rank
     if environment is None and "NODE_RANK" in os.environ:
         return _int_var("NODE_RANK", 0)

@@ -612,6 +612,8 @@ class EnvironmentSuite:
         assert got == dict(self.expected)
         assert 0 <= environment.global_rank < environment.world_size
         assert 0 <= environment.local_rank <= environment.global_rank
+        # A scheduler numbers its nodes: the launcher takes the rank it gives.
+        assert environment.node_rank_given is True, f"{self.environment}: node_rank_given is not True"
 
     def test_not_detected_without_them(self, monkeypatch: pytest.MonkeyPatch) -> None:
         entry = self._entry()
