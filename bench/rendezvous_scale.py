@@ -290,6 +290,7 @@ class SimWatch(_NodeWatch):
         self.mode = mode
 
     def start(self) -> None:
+        self.ledger.met()  # the job's store is up from the start here
         watch = self._watch if self.mode == "push" else self._watch_poll
         phase = random.uniform(0, self.POLL)  # nodes' polls are not in step
 
@@ -311,7 +312,7 @@ class SimWatch(_NodeWatch):
     def _watch_poll(self) -> None:
         """The watch before the push: the count of posts every ``POLL``
         seconds, and every post read when it grew."""
-        while not _rounds.MET.wait(self.POLL):
+        while not self.ledger.wait_met(self.POLL):
             if self._stop.is_set():
                 return
         try:
@@ -336,8 +337,39 @@ def elastic_dynamic(params: Any, client: Any, place: Any, timeout: float) -> Any
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-    inner = dynamic.create_handler(client, C10dRendezvousBackend(client, place.name), params)
+    backend = C10dRendezvousBackend(client, place.name)
+    inner = _DynamicAsRounds(dynamic.create_handler(client, backend, params))
     return _rounds._handler_class()(inner, client, LOOPBACK, timeout, place.describe())
+
+
+class _DynamicAsRounds:
+    """Elastic's dynamic handler (``dynamic``) as the counted rounds are
+    to phalanx's round handler: ``next_rendezvous`` gives ``(store, node
+    rank, nodes, address)`` and ``round``; nothing is said of the nodes
+    of the round before (``left``); the rest is the dynamic handler's."""
+
+    left: list[Any] = []  # noqa: RUF012 - never changed
+    previous = -1
+
+    def __init__(self, dynamic: Any) -> None:
+        self.dynamic = dynamic
+
+    def next_rendezvous(self) -> tuple[Any, int, int, str]:
+        info = self.dynamic.next_rendezvous()
+        return info.store, info.rank, info.world_size, LOOPBACK
+
+    @property
+    def round(self) -> int:
+        return int(self.dynamic._state_holder.state.round)
+
+    def joined(self) -> list[str]:
+        return [str(node) for node in self.dynamic._state_holder.state.participants]
+
+    def waiting_now(self) -> int:
+        return int(self.dynamic.num_nodes_waiting())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dynamic, name)
 
 
 class SimNode:
@@ -379,9 +411,9 @@ class SimNode:
         )
         self.handler = elastic_dynamic(params, self.client, place, cfg.timeout)
         self.handler.hosts_store = False  # only node 0's launching process hosts it
-        self.desc = repr(self.handler._inner._this_node)
+        self.desc = repr(self.handler._inner.dynamic._this_node)
         self.heartbeats: list[float] = []
-        inner = self.handler._inner
+        inner = self.handler._inner.dynamic
         keep_alive = inner._keep_alive
 
         def timed_keep_alive() -> None:  # elastic's timer calls self._keep_alive()
@@ -467,7 +499,7 @@ class SimNode:
     def kill(self) -> None:
         """As if the node's host went away: no more heartbeats, no threads."""
         self.stop.set()
-        self.handler._inner._stop_heartbeats()
+        self.handler._inner.dynamic._stop_heartbeats()
         if self.watch is not None:
             self.watch._stop.set()
 
@@ -1340,7 +1372,7 @@ def print_growth(every: list[dict[str, Any]], args: argparse.Namespace) -> dict[
         5 * target
     )  # after the post, per node: add, get (2 requests), add("done"), and the poll that saw it
     push = args.watch == "push"
-    grown = _rounds.keep_alive_for(target)
+    grown = keep_alive_for(target)
     waits = target / _NodeWatch.WAIT
     # push: each settling node reads the causes (usually one: a count and a
     # get); poll (the watch before): every post so far.
@@ -1452,7 +1484,7 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=10.0, help="seconds of steady state measured (B)")
     parser.add_argument("--repeats", type=int, default=3, help="failure posts timed (C)")
     parser.add_argument("--capacity", type=float, default=3.0, help="seconds of hammering (E); 0: skip")
-    parser.add_argument("--keep-alive", type=int, default=_rounds.KEEP_ALIVE, help="heartbeat interval, s")
+    parser.add_argument("--keep-alive", type=int, default=KEEP_ALIVE, help="heartbeat interval, s")
     parser.add_argument("--last-call", type=float, default=3.0, help="the launcher's last_call, s")
     parser.add_argument(
         "--waiting-every",

@@ -74,7 +74,8 @@ def _watching(store: Any, count: int, counts: Counter[str], *, host: int | None 
     nodes = [Node(store.port, i, count, counts, hosts_store=i == host) for i in range(count)]
     for node in nodes:
         node.__enter__()
-    _rounds.MET.set()  # every node has met the others
+    for node in nodes:
+        node.ledger.met()  # every node has met the others
     deadline = time.monotonic() + 30
     while not all(node._waiting for node in nodes):
         assert time.monotonic() < deadline, "the watches never began to wait"
@@ -282,13 +283,12 @@ _EXITING = textwrap.dedent(
     """
     import datetime, subprocess, sys, time
     import torch.distributed as dist
-    from phalanx_torch import _rounds
     from phalanx_torch._node_watch import NodeWatch
 
     port, server_pid = int(sys.argv[1]), int(sys.argv[2])
     connect = lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
     with NodeWatch(connect, 1, 2, hosts_store=False) as watch:
-        _rounds.MET.set()
+        watch.ledger.met()
         while not watch._waiting:
             time.sleep(0.01)
     # The store's process is killed as this one finalizes.

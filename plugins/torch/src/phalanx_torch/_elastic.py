@@ -40,7 +40,6 @@ from phalanx_core.launching import (
 )
 
 from ._elastic_agent import (
-    LAST_ROUND,
     agent_class,
     failures_of,
     print_elsewhere,
@@ -59,6 +58,7 @@ from ._elastic_rendezvous import (
     register_rendezvous,
 )
 from ._heartbeat import LOST_AFTER, Heartbeat, interval_for
+from ._ledger import JobLedger
 from ._listen import listen_address, one_thread
 from ._node_watch import NodeWatch
 from ._ranks import (
@@ -250,6 +250,8 @@ class SubprocessLauncher(Launcher):
                 "after 5 missed beats of its launching process at the least (one a second): give 5 or more"
             )
         self.host_lost_after = float(host_lost_after)
+        #: The launch under way's (or the last one's) shared facts.
+        self._ledger = JobLedger()
 
     @property
     def world_size(self) -> int:
@@ -307,8 +309,9 @@ class SubprocessLauncher(Launcher):
     def _this_node(self) -> tuple[range, int]:
         """This node's global ranks and the world, in the last round of a
         job in rounds (given by the rendezvous), else as configured."""
-        if self.elastic and LAST_ROUND:
-            group_rank, group_world_size = LAST_ROUND[-1]
+        last = self._ledger.last_round
+        if self.elastic and last is not None:
+            group_rank, group_world_size = last
             first = group_rank * self.num_processes
             return range(first, first + self.num_processes), group_world_size * self.num_processes
         first = (self.node_rank or 0) * self.num_processes  # None: no round met, no rank ran
@@ -345,12 +348,11 @@ class SubprocessLauncher(Launcher):
         if self._hosts_store:
             allow_connections(4 * self.num_nodes)
         rendezvous = self._rendezvous()
-        rendezvous.setdefault("rdzv_configs", {})["say"] = functools.partial(say, who)
-        # Node 0's store in a static rendezvous, kept here until the node
-        # watch has left it (elastic drops its handler, the store with it,
-        # as its launch returns; see NodeWatch.__exit__).
-        kept: list[Any] = []
-        rendezvous["rdzv_configs"]["keep"] = kept
+        # What this launch's parts tell each other (it keeps node 0's store
+        # of a static rendezvous until the node watch has left it: elastic
+        # drops its handler, the store with it, as its launch returns).
+        self._ledger = ledger = JobLedger(functools.partial(say, who))
+        rendezvous.setdefault("rdzv_configs", {})["ledger"] = ledger
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
         variables = {**variables, **gloo, **one_thread(self.num_processes)}
@@ -391,10 +393,12 @@ class SubprocessLauncher(Launcher):
             self.num_nodes,
             hosts_store=self._hosts_store,
             heartbeat=None if self.elastic else heartbeat,
+            ledger=ledger,
         )
         if heartbeat is not None and not self.elastic:
             heartbeat.on_lost = functools.partial(self._host_lost, watch)
         with (
+            ledger,  # left last: after the watch
             _variables(variables),
             signal_handlers_kept(),
             watch,
@@ -403,6 +407,7 @@ class SubprocessLauncher(Launcher):
                 self.max_restarts,
                 several_nodes=self.num_nodes > 1,
                 elastic=self.elastic,
+                ledger=ledger,
                 heartbeat=heartbeat if self.elastic else None,
             ),
         ):

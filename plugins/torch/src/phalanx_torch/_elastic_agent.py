@@ -1,6 +1,7 @@
 """What the ``subprocess`` launcher changes in torch elastic's agent, and
 reads from it: the job-wide restart count and what each node says of a
-restart (:func:`agent_class`), the last round's node rank, the failures of
+restart (:func:`agent_class`; each round met goes to the launch's
+ledger), the failures of
 a ``ChildFailedError`` as core's records, the signal handlers kept, and the
 errors that mean node 0's store is gone. Imports no torch at import time."""
 
@@ -20,6 +21,7 @@ from typing import Any
 from phalanx_core.launching import RankFailure, root_cause, signal_name
 
 from ._heartbeat import Heartbeat
+from ._ledger import JobLedger
 from ._ranks import RESULTS_DIR_VAR
 
 
@@ -54,7 +56,13 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
 
 @contextlib.contextmanager
 def agent_class(
-    who: str, max_restarts: int, *, several_nodes: bool, elastic: bool, heartbeat: Heartbeat | None = None
+    who: str,
+    max_restarts: int,
+    *,
+    several_nodes: bool,
+    elastic: bool,
+    ledger: JobLedger,
+    heartbeat: Heartbeat | None = None,
 ) -> Iterator[None]:
     """While elastic's launch runs, its agent (torch's LocalElasticAgent)
     is this subclass, which says each restart and the rank that caused it
@@ -130,7 +138,7 @@ def agent_class(
             if rounds is not None:
                 self._remaining_restarts = max(0, max_restarts - rounds.restarts())
                 os.environ["NODE_RANK"] = str(worker_group.group_rank)  # the ranks' node, this round
-                LAST_ROUND.append((worker_group.group_rank, worker_group.group_world_size))
+                ledger.round_met(worker_group.group_rank, worker_group.group_world_size)
                 results = os.environ.get(RESULTS_DIR_VAR)
                 if results:  # what ranks of a round before left is not this round's
                     for stale in Path(results).glob("*.pkl"):
@@ -193,7 +201,6 @@ def agent_class(
             super()._restart_workers(worker_group)
 
     launcher_api.LocalElasticAgent = PhalanxAgent  # what elastic_launch makes its agent of
-    LAST_ROUND.clear()
     try:
         yield
     finally:
@@ -209,11 +216,6 @@ def _lost_words(lost: tuple[int, str], seconds: float) -> str:
         f"{seconds:g} s ago or more (a host lost without a word: its power, its network), and the ranks "
         "wait for it in vain"
     )
-
-
-#: This node's rank and the number of nodes in each round of the launch
-#: under way (a job in rounds), the last one last.
-LAST_ROUND: list[tuple[int, int]] = []
 
 
 @contextlib.contextmanager

@@ -13,8 +13,8 @@ from typing import Any
 from phalanx_core.launching import LOOPBACK, hosted_store
 
 from ._arrivals import meet
+from ._ledger import JobLedger
 from ._listen import listen_address
-from ._rounds import MET
 
 ONE_NODE = "phalanx-one-node"
 STATIC = "phalanx-static"
@@ -36,8 +36,7 @@ def create_static_rendezvous(params: Any) -> Any:
     handler = _static_rendezvous_class()(
         static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
     )
-    handler.say = params.config.get("say")
-    handler.keep = params.config.get("keep")
+    handler.ledger = params.config.get("ledger")
     return handler
 
 
@@ -53,10 +52,10 @@ def _static_rendezvous_class() -> type:
         def get_backend(self) -> str:
             return STATIC
 
-        say: Callable[[str], None] | None = None
-        #: Where the store goes once made: the launcher keeps it after
+        #: The launch's shared facts (:class:`~phalanx_torch._ledger.JobLedger`):
+        #: where lines go, and who keeps node 0's store once made, after
         #: elastic has dropped this handler, until the node watch has left.
-        keep: list[Any] | None = None
+        ledger: JobLedger | None = None
 
         def next_rendezvous(self) -> Any:
             if self._store is None:
@@ -79,12 +78,13 @@ def _static_rendezvous_class() -> type:
                     port=self.master_port,
                     timeout=self.timeout.total_seconds(),
                     host_store=host,
-                    say=self.say,
+                    say=self.ledger.say if self.ledger is not None else None,
                 )
-                if self.keep is not None:
-                    self.keep.append(self._store)
+                if self.ledger is not None:
+                    self.ledger.keep(self._store)
             info = super().next_rendezvous()
-            MET.set()  # node 0's store is up: the node watch may connect
+            if self.ledger is not None:
+                self.ledger.met()  # node 0's store is up: the node watch may connect
             return info
 
     return StaticRendezvous

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx_core.launching import RankFailure, root_cause
 
-from ._rounds import MET
+from ._ledger import JobLedger
 
 if TYPE_CHECKING:
     from ._heartbeat import Heartbeat
@@ -87,8 +87,12 @@ class NodeWatch:
         *,
         hosts_store: bool,
         heartbeat: Heartbeat | None = None,
+        ledger: JobLedger | None = None,
     ) -> None:
         self.connect = connect
+        #: The launch's shared facts: the watch connects once it says this
+        #: node met the others (a ledger of its own where none is given).
+        self.ledger = ledger if ledger is not None else JobLedger()
         #: A job of fixed nodes: the heartbeat this watch starts once the
         #: nodes have met (one round, numbered 0) and ends with the launch;
         #: its :attr:`~Heartbeat.on_lost` should call :meth:`post_cause`.
@@ -113,7 +117,6 @@ class NodeWatch:
         self._said_done = False
 
     def __enter__(self) -> NodeWatch:
-        MET.clear()
         if self.connect is not None and threading.current_thread() is threading.main_thread():
             self._thread = threading.Thread(target=self._watch, name="phalanx-node-watch", daemon=True)
             self._thread.start()
@@ -232,7 +235,7 @@ class NodeWatch:
     def _watch(self) -> None:
         # Connect once this node has met the others at the job's store (not
         # while the agent's own client is still connecting to it).
-        while not MET.wait(self.POLL):
+        while not self.ledger.wait_met(self.POLL):
             if self._stop.is_set():
                 return
         if self.heartbeat is not None:  # a job of fixed nodes, each given its rank

@@ -45,10 +45,6 @@ from phalanx_core.launching import hosted_store
 
 __all__ = ["ELASTIC", "RendezvousPlace", "parse_rendezvous"]
 
-#: Set by the rendezvous once this node has met the others (the node
-#: watch connects to the job's store from then on).
-MET = threading.Event()
-
 #: The job's store key that counts the nodes whose wait for a round timed out.
 _TIMED_OUT_KEY = "phalanx/timed-out"
 #: How long the node that hosts the job's store keeps it up at most after
@@ -317,7 +313,9 @@ def _create(params: Any) -> Any:
         by_entries=place.kind == "etcd",
     )
     handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
-    handler.say = config.get("say")
+    ledger = config.get("ledger")
+    handler.ledger = ledger
+    handler.say = ledger.say if ledger is not None else None
     handler.hosts_store = config.get("store") is not None
     handler.in_etcd = place.kind == "etcd"
     return handler
@@ -337,8 +335,10 @@ def _handler_class() -> type:
         their own for each round's ranks (hosted by the round's node 0)
         and the job's restart count kept in the job's store."""
 
-        #: Where lines about the wait go (the launcher sets it).
+        #: Where lines about the wait go, and the launch's shared facts
+        #: (:class:`~phalanx_torch._ledger.JobLedger`; the launcher sets them).
         say: Any = None
+        ledger: Any = None
         #: This node's launching process hosts the job's store.
         hosts_store = False
         #: The job's store is in etcd (else node 0 hosts it).
@@ -401,7 +401,8 @@ def _handler_class() -> type:
             address, port = store.get("phalanx/ranks-store").decode().split()
             if self._inner.left and self.say is not None:
                 self.say(self.left_words())
-            MET.set()
+            if self.ledger is not None:
+                self.ledger.met()
             return RendezvousInfo(store, rank, world_size, RendezvousStoreInfo(address, int(port)))
 
         def left_words(self) -> str:

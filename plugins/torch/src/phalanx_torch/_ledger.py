@@ -1,0 +1,65 @@
+"""What the parts of one node's launch tell each other: one object, made
+by the ``subprocess`` launcher for each launch and handed to each part
+(the rendezvous handler through its configuration, the agent, the node
+watch), in place of module-level events and lists that every launch in
+the process shared. Imports no torch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["JobLedger"]
+
+
+class JobLedger:
+    """One launch's shared facts on this node.
+
+    - whether this node has met the others (the rendezvous says so; the
+      node watch connects to the job's store from then on);
+    - the rounds it met, as ``(node rank, number of nodes)`` (the agent
+      says each; the launcher reads the last for the ranks' results);
+    - the stores the launch must keep until its watch has left them (a
+      static rendezvous hosts node 0's store, and elastic drops its
+      handler, and the store with it, as its launch returns);
+    - where lines about the job go (``say``)."""
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        self.say = say
+        self._met = threading.Event()
+        self._rounds: list[tuple[int, int]] = []
+        self._kept: list[Any] = []
+
+    # -- meeting ------------------------------------------------------------------
+
+    def met(self) -> None:
+        """This node has met the others (the job's store is up)."""
+        self._met.set()
+
+    def wait_met(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`met`; whether it was."""
+        return self._met.wait(timeout)
+
+    # -- rounds -------------------------------------------------------------------
+
+    def round_met(self, node_rank: int, num_nodes: int) -> None:
+        """This node met a round as node ``node_rank`` of ``num_nodes``."""
+        self._rounds.append((node_rank, num_nodes))
+
+    @property
+    def last_round(self) -> tuple[int, int] | None:
+        """``(node rank, number of nodes)`` of the last round met, if any."""
+        return self._rounds[-1] if self._rounds else None
+
+    # -- stores -------------------------------------------------------------------
+
+    def keep(self, store: Any) -> None:
+        """Hold ``store`` until the launch ends (:meth:`__exit__`)."""
+        self._kept.append(store)
+
+    def __enter__(self) -> JobLedger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._kept.clear()  # the launch is over: its stores close as they go
