@@ -145,15 +145,57 @@ def test_explain_says_how_many_devices_all_or_auto_take_here(devices):
 def test_explain_says_where_the_job_listens(argv, listens, monkeypatch):
     monkeypatch.setenv("NODE_RANK", "0")  # what a node of a two-node job has
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     code, out = run("explain", "--accelerator", "cpu", *argv)
     assert code == 0
-    assert out.splitlines()[-3].startswith(f"listens on   {listens}")
+    [line] = [x for x in out.splitlines() if x.startswith("listens on")]
+    assert line.startswith(f"listens on   {listens}")
     network = "gloo's own choice: the main address 127.0.0.1 leads to this host's loopback; with nodes on other hosts, this host takes the interface of the address they reach it at, when the group is made"
     assert out.splitlines()[-2] == f"network      {network}"
     code, out = run("explain", "--json", "--accelerator", "cpu", *argv)
     assert json.loads(out)["listens"].startswith(listens)
     assert json.loads(out)["network"] == network
-    assert json.loads(out)["launcher_says"] == {}  # these launchers say nothing more
+    # One node: the launchers say nothing more; several: where they meet.
+    said = (
+        {"rendezvous": "once, at node 0's store at 127.0.0.1:29500: node 0 of 2"}
+        if "--num-nodes" in argv
+        else {}
+    )
+    assert json.loads(out)["launcher_says"] == said
+
+
+def test_explain_takes_a_job_in_rounds_as_phalanx_run_does(monkeypatch):
+    # --num-nodes MIN:MAX, --max-restarts and --rendezvous, as `phalanx run`
+    # takes them (explain refused 2:3 as "invalid int value").
+    for name in ("NODE_RANK", "MASTER_PORT"):  # --node-rank, --main-port set them: restored after
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)  # nodes in rounds need no node rank
+    argv = ["explain", "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--num-nodes", "2:3"]
+    etcd = ["--rendezvous", "etcd://10.0.0.1:2379,10.0.0.2:2379/myjob"]
+    code, out = run(*argv, "--max-restarts", "3", *etcd)
+    assert code == 0
+    lines = {line[:12].strip(): line[13:] for line in out.splitlines()[1:]}
+    assert out.splitlines()[0] == (
+        "devices=2 num_nodes=3 options: min_nodes=2, "
+        "rendezvous='etcd://10.0.0.1:2379,10.0.0.2:2379/myjob', max_restarts=3"
+    )
+    assert lines["rendezvous"] == (
+        "in rounds, at etcd at 10.0.0.1:2379,10.0.0.2:2379 (job 'myjob'): 2 to 3 nodes (a round closes "
+        "when 3 have joined, or 3 s after 2 have); the store's host: none: the keys are in etcd, and the "
+        "job goes on where any node is lost"
+    )
+    assert lines["restarts"].startswith("up to 3 for the job (a round whose ranks failed counts once;")
+    assert lines["listens on"].startswith("no store of the job's (its keys are in etcd)")
+    # The same job on node 0's store, this node given rank 1.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    code, out = run(*argv, "--max-restarts", "1", "--node-rank", "1", "--main-port", "29531")
+    assert code == 0
+    [line] = [x for x in out.splitlines() if x.startswith("rendezvous")]
+    assert line.endswith("the store's host: node rank 0; this node would like rank 1")
+    assert "node 0's store at 127.0.0.1:29531" in line
+    # A flag and an option that disagree are refused, as by `phalanx run`.
+    code, _ = run(*argv, "--max-restarts", "1", "-o", "max_restarts=2", *etcd)
+    assert code == 1
 
 
 def test_explain_says_which_interface_the_ranks_use_and_refuses_none(monkeypatch):

@@ -87,6 +87,12 @@ class Launcher(ABC):
         own connections); ``None`` when the launcher does not say."""
         return None
 
+    def listening(self) -> str | None:
+        """Where the sockets of the job this launcher (as built, with its
+        options) starts listen: :meth:`listens` by default. A launcher
+        whose options change it (a rendezvous elsewhere) says so here."""
+        return type(self).listens(self.num_nodes)
+
     def explain(self) -> dict[str, str]:
         """What ``phalanx explain`` says of the job this launcher starts,
         past its parts and where it listens: a label (one word, at most 12

@@ -226,16 +226,18 @@ def _node_variables(args: argparse.Namespace) -> None:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     _node_variables(args)
     registry = Registry()
+    options = _options(args.option)
+    num_nodes = _launch_options(args, options)
     plan = registry.plan(
         args.strategy,
         accelerator=args.accelerator,
         devices=args.devices,
-        num_nodes=args.num_nodes,
+        num_nodes=1 if num_nodes is None else num_nodes,
         precision=args.precision,
         collective=args.collective,
         launcher=args.launcher,
         environment=args.environment,
-        **_options(args.option),
+        **options,
     )
     network = devices_here = None
     said: dict[str, str] = {}
@@ -251,7 +253,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
             world = strategy.launcher.num_processes * strategy.launcher.num_nodes
             environment = strategy.environment
             network = describe(environment.main_address, environment.main_port, world, strategy.accelerator)
-    listens = _listens(registry, plan)
+    listens = _listens(registry, plan) if args.plan_only else strategy.launcher.listening()
     needed = backends(
         [Entry(c.spec, c.provider) for c in (*plan.parts(), *plan.composition) if c.spec and c.provider]
     )
@@ -323,6 +325,69 @@ def _node_count(text: str) -> int | tuple[int, int]:
     return counts if colon else counts[0]
 
 
+def _launch_options(args: argparse.Namespace, options: dict[str, Any]) -> int | None:
+    """The launcher's options that ``run``'s and ``explain``'s flags set,
+    added to ``options`` (refused where ``--option`` gave another value);
+    the number of nodes (``MAX`` of ``--num-nodes MIN:MAX``), or ``None``
+    where ``--num-nodes`` was not given."""
+    given = args.num_nodes
+    if isinstance(given, tuple):  # MIN:MAX
+        low, high = given
+        _give_option(options, "min_nodes", low, f"--num-nodes {low}:{high}")
+    for flag in ("rendezvous", "max_restarts", "replica_groups", "lighthouse"):
+        value = getattr(args, flag)
+        if value is not None:
+            _give_option(options, flag, value, f"--{flag.replace('_', '-')} {value}")
+    if given is None:
+        return None
+    return int(given[1] if isinstance(given, tuple) else given)
+
+
+def _add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the job's shape and its launcher, as ``run`` and
+    ``explain`` take them."""
+    p.add_argument(
+        "--num-nodes",
+        type=_node_count,
+        metavar="N|MIN:MAX",
+        help="the number of nodes (default 1), or MIN:MAX: a job that goes on with at least MIN "
+        "nodes after a restart and takes in nodes that join, up to MAX (with --max-restarts)",
+    )
+    p.add_argument(
+        "--rendezvous",
+        metavar="URL",
+        help="where several nodes meet: c10d (default; node 0 hosts the store at --main-address) or "
+        "etcd://HOST:PORT,HOST:PORT/NAME (an etcd cluster: losing any node, node 0's too, leaves "
+        "the job running; etcd+https://...?cacert=PATH&cert=PATH&key=PATH&user=NAME over TLS, the "
+        "password in PHALANX_ETCD_PASSWORD; the launcher's rendezvous option)",
+    )
+    p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
+    p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
+    p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart every rank of the job, on every node, up to N times after a rank fails or "
+        "a node is lost (the launcher's max_restarts option; default 0)",
+    )
+    p.add_argument(
+        "--replica-groups",
+        type=int,
+        metavar="N",
+        help="N replica groups of --devices ranks each, which a fault-tolerant strategy (ddp_ft, "
+        "from phalanx-torchft) trains across: a group that fails is restarted alone while the "
+        "others go on (the launcher's replica_groups option; --max-restarts is then per group)",
+    )
+    p.add_argument(
+        "--lighthouse",
+        metavar="URL",
+        help="a running TorchFT lighthouse (http://HOST:PORT) for the replica groups of every host "
+        "to use (the launcher's lighthouse option; default: phalanx run starts one, on node 0 "
+        "on several hosts)",
+    )
+
+
 def _give_option(options: dict[str, Any], name: str, value: Any, flag: str) -> None:
     """A flag that sets the launcher's option ``name``; refused where
     ``--option`` gave another value."""
@@ -367,21 +432,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         name: getattr(args, name) for name in _RUN_FLAGS if getattr(args, name) is not None
     }
     options = _options(args.option)
-    if isinstance(args.num_nodes, tuple):  # MIN:MAX
-        given["num_nodes"] = args.num_nodes[1]
-        _give_option(
-            options, "min_nodes", args.num_nodes[0], f"--num-nodes {args.num_nodes[0]}:{args.num_nodes[1]}"
-        )
-    if args.rendezvous is not None:
-        _give_option(options, "rendezvous", args.rendezvous, f"--rendezvous {args.rendezvous}")
-    if args.max_restarts is not None:
-        _give_option(options, "max_restarts", args.max_restarts, f"--max-restarts {args.max_restarts}")
-    if args.replica_groups is not None:
-        _give_option(
-            options, "replica_groups", args.replica_groups, f"--replica-groups {args.replica_groups}"
-        )
-    if args.lighthouse is not None:
-        _give_option(options, "lighthouse", args.lighthouse, f"--lighthouse {args.lighthouse}")
+    num_nodes = _launch_options(args, options)
+    if num_nodes is not None:
+        given["num_nodes"] = num_nodes
     if options:
         given["options"] = options
     from phalanx_core.hangs import HANG_REPORT_VAR  # `phalanx run` only: `phalanx list` stays light
@@ -470,10 +523,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="auto")
     p.add_argument("--accelerator", default="auto")
     p.add_argument("--devices", type=_devices, default="auto", help="N, -1, 'auto' or '0,2'")
-    p.add_argument("--num-nodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
-    p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
-    p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
+    _add_launch_flags(p)
     p.add_argument("--precision", default="32-true")
     p.add_argument("--collective")
     p.add_argument("--launcher")
@@ -497,50 +547,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", help="a strategy name (default: 'auto')")
     p.add_argument("--accelerator", help="an accelerator name (default: 'auto')")
     p.add_argument("--devices", type=_devices, help="devices per node: N, -1, 'auto' or '0,2'")
-    p.add_argument(
-        "--num-nodes",
-        type=_node_count,
-        metavar="N|MIN:MAX",
-        help="the number of nodes (default 1), or MIN:MAX: a job that goes on with at least MIN "
-        "nodes after a restart and takes in nodes that join, up to MAX (with --max-restarts)",
-    )
-    p.add_argument(
-        "--rendezvous",
-        metavar="URL",
-        help="where several nodes meet: c10d (default; node 0 hosts the store at --main-address) or "
-        "etcd://HOST:PORT,HOST:PORT/NAME (an etcd cluster: losing any node, node 0's too, leaves "
-        "the job running; etcd+https://...?cacert=PATH&cert=PATH&key=PATH&user=NAME over TLS, the "
-        "password in PHALANX_ETCD_PASSWORD; the launcher's rendezvous option)",
-    )
-    p.add_argument("--node-rank", type=int, help="this node's rank (sets NODE_RANK)")
-    p.add_argument("--main-address", help="node 0's address (sets MASTER_ADDR)")
-    p.add_argument("--main-port", type=int, help="node 0's port (sets MASTER_PORT)")
+    _add_launch_flags(p)
     p.add_argument("--precision", help="a precision name (default: '32-true')")
     p.add_argument("--collective", help="a collective name (default: the strategy's)")
     p.add_argument("--launcher", help="a launcher name (default: the strategy's)")
     p.add_argument("-o", "--option", type=_option, action="append", metavar="NAME=VALUE", help=_OPTION_HELP)
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        metavar="N",
-        help="restart every rank of the job, on every node, up to N times after a rank fails or "
-        "a node is lost (the launcher's max_restarts option; default 0)",
-    )
-    p.add_argument(
-        "--replica-groups",
-        type=int,
-        metavar="N",
-        help="N replica groups of --devices ranks each, which a fault-tolerant strategy (ddp_ft, "
-        "from phalanx-torchft) trains across: a group that fails is restarted alone while the "
-        "others go on (the launcher's replica_groups option; --max-restarts is then per group)",
-    )
-    p.add_argument(
-        "--lighthouse",
-        metavar="URL",
-        help="a running TorchFT lighthouse (http://HOST:PORT) for the replica groups of every host "
-        "to use (the launcher's lighthouse option; default: phalanx run starts one, on node 0 "
-        "on several hosts)",
-    )
     p.add_argument(
         "--hang-report",
         type=float,

@@ -266,6 +266,41 @@ class SubprocessLauncher(Launcher):
             "MASTER_ADDR (the route's source address); on every interface where that is a loopback address"
         )
 
+    def listening(self) -> str | None:
+        if self.num_nodes > 1 and self._place().kind == "etcd":
+            return (
+                "no store of the job's (its keys are in etcd); each round's node 0 hosts its ranks' "
+                "store on a port the kernel gives, and every rank's gloo, on the address that reaches "
+                "the first etcd member (the route's source address)"
+            )
+        return type(self).listens(self.num_nodes)
+
+    def explain(self) -> dict[str, str]:
+        if self.num_nodes == 1:
+            return {}
+        place = self._place()
+        if not self.elastic:
+            return {"rendezvous": f"once, at {place.describe()}: node {self.node_rank} of {self.num_nodes}"}
+        nodes = (
+            f"{self.num_nodes} nodes"
+            if self.min_nodes == self.num_nodes
+            else f"{self.min_nodes} to {self.num_nodes} nodes (a round closes when {self.num_nodes} have "
+            f"joined, or {self.last_call:g} s after {self.min_nodes} have)"
+        )
+        if place.kind == "etcd":
+            host = "none: the keys are in etcd, and the job goes on where any node is lost"
+        elif self.node_rank is not None:
+            host = f"node rank 0{' (this node)' if self.node_rank == 0 else ''}"
+        else:
+            host = f"the main address's host{' (this one)' if self._main_here else ' (not this one)'}"
+        rank = "" if self.node_rank is None else f"; this node would like rank {self.node_rank}"
+        return {
+            "rendezvous": f"in rounds, at {place.describe()}: {nodes}; the store's host: {host}{rank}",
+            "restarts": f"up to {self.max_restarts} for the job (a round whose ranks failed counts once; a "
+            "node joining is no restart); a node silent for "
+            f"{self.host_lost_after:g} s is taken for lost",
+        }
+
     @classmethod
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:
         """Yes inside a torch elastic rank (``TORCHELASTIC_RUN_ID`` set: this
