@@ -119,7 +119,7 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import RankFailure, hosted_store, root_cause
-from phalanx_torch import _rounds
+from phalanx_torch import _rendezvous_place, _rounds
 from phalanx_torch._node_watch import NodeWatch as _NodeWatch
 
 LOOPBACK = "127.0.0.1"
@@ -377,7 +377,7 @@ class SimNode:
 
     def __init__(self, index: int, cfg: SimpleNamespace, counts: Counts, events: Any) -> None:
         self.index, self.cfg, self.counts, self.events = index, cfg, counts, events
-        place = _rounds.parse_rendezvous(None, LOOPBACK, cfg.port)
+        place = _rendezvous_place.parse_rendezvous(None, LOOPBACK, cfg.port)
         wait = datetime.timedelta(seconds=cfg.timeout)
         self.client = CountedStore(
             dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait),
@@ -779,7 +779,7 @@ class Run:
         self.wait = datetime.timedelta(seconds=args.timeout)
         self.store = hosted_store(LOOPBACK, 0, timeout=self.wait)
         self.port = self.store.port
-        place = _rounds.parse_rendezvous(None, LOOPBACK, self.port)
+        place = _rendezvous_place.parse_rendezvous(None, LOOPBACK, self.port)
         self.key = f"torch.rendezvous.{place.name}"
         self.procs = min(args.procs, n)
         self.cfg = SimpleNamespace(

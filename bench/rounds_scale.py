@@ -52,7 +52,7 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import hosted_store
-from phalanx_torch import _rounds
+from phalanx_torch import _job_store, _rendezvous_place, _rounds
 
 
 class Node:
@@ -62,10 +62,10 @@ class Node:
         self.index, self.cfg = index, cfg
         wait = datetime.timedelta(seconds=cfg.timeout)
         if cfg.etcd:  # the job's store in etcd, as the launcher makes it
-            place = _rounds.parse_rendezvous(f"etcd://{LOOPBACK}:{cfg.etcd}/bench", LOOPBACK, 0)
-            inner = _rounds.job_store(place, host=None, timeout=cfg.timeout)
+            place = _rendezvous_place.parse_rendezvous(f"etcd://{LOOPBACK}:{cfg.etcd}/bench", LOOPBACK, 0)
+            inner = _job_store.job_store(place, host=None, timeout=cfg.timeout)
         else:
-            place = _rounds.parse_rendezvous(None, LOOPBACK, cfg.port)
+            place = _rendezvous_place.parse_rendezvous(None, LOOPBACK, cfg.port)
             inner = dist.TCPStore(LOOPBACK, cfg.port, is_master=False, timeout=wait)
         self.client = CountedStore(inner, counts, "rdzv")
         params = RendezvousParameters(
@@ -157,7 +157,7 @@ def _requests(table: dict[str, list[int]]) -> int:
 class Run:
     def __init__(self, n: int, rendezvous: str, args: argparse.Namespace) -> None:
         self.n, self.args = n, args
-        _rounds.allow_connections(2 * n)
+        _job_store.allow_connections(2 * n)
         self.store = hosted_store(LOOPBACK, 0, timeout=datetime.timedelta(seconds=args.timeout))
         self.etcd = _start_etcd() if args.store == "etcd" else None
         self.cfg = SimpleNamespace(

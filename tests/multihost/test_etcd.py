@@ -233,7 +233,8 @@ def test_nodes_entering_at_once_get_every_place_once(cluster):
 
 def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._rounds import RendezvousPlace, _check_etcd
+    from phalanx_torch._job_store import _check_etcd
+    from phalanx_torch._rendezvous_place import RendezvousPlace
 
     cluster.kill(0)
     cluster.kill(1)
@@ -297,7 +298,8 @@ def tls_cluster(tmp_path):
 
 def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_is_named(tls_cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+    from phalanx_torch._job_store import _check_etcd
+    from phalanx_torch._rendezvous_place import parse_rendezvous
 
     store = _etcd3.job_store(tls_cluster.endpoints, "/phalanx/tls/store", 30, tls_cluster.access())
     store.set("a", "1")
@@ -336,7 +338,8 @@ def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_
 
 def test_tls_to_a_member_that_speaks_plain_http_is_named(cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+    from phalanx_torch._job_store import _check_etcd
+    from phalanx_torch._rendezvous_place import parse_rendezvous
 
     with pytest.raises(
         UnavailableError, match=r"speaks plain HTTP, not TLS: use etcd://, not etcd\+https://"
@@ -370,7 +373,8 @@ def test_a_user_with_its_password_reaches_a_cluster_with_authentication_on(tmp_p
     # Tokens live 2 s here (etcd's default: 300 s idle): a client whose
     # token expired asks for a new one and goes on.
     from phalanx_core import MisconfigurationError, UnavailableError
-    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+    from phalanx_torch._job_store import _check_etcd
+    from phalanx_torch._rendezvous_place import parse_rendezvous
 
     cluster = Cluster(tmp_path, 1, None, "--auth-token-ttl", "2")
     try:
@@ -454,7 +458,8 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
         # A client certificate with a CommonName, which the gateway refuses
         # while authentication is on, is named with what to do.
         from phalanx_core import UnavailableError
-        from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+        from phalanx_torch._job_store import _check_etcd
+        from phalanx_torch._rendezvous_place import parse_rendezvous
 
         named = url.replace("client.pem", "named.pem").replace("client.key", "named.key")
         monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "pw")
@@ -464,11 +469,46 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
         cluster.close()
 
 
+def test_a_job_name_that_an_ended_job_used_is_refused_naming_it(cluster):
+    # A job on two nodes (loopback) ends well; the same command again finds
+    # the name's rendezvous closed for good: every node says so, and what
+    # to do, instead of "another node ended the job".
+    url = f"etcd://127.0.0.1:{cluster.clients[0]}/reused"
+    script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "report.py")
+    run = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
+           "--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--rendezvous", url]  # fmt: skip
+    for attempt in ("first", "again"):
+        nodes = [
+            subprocess.Popen(
+                [*run, "--node-rank", str(node), script, "REUSED"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=scheduler_free_environment(),
+            )
+            for node in (0, 1)
+        ]
+        outputs = [node.communicate(timeout=180) for node in nodes]
+        codes = [node.returncode for node in nodes]
+        if attempt == "first":
+            assert codes == [0, 0], outputs
+            continue
+        assert codes == [1, 1], outputs
+        for _, err in outputs:
+            assert (
+                "phalanx run: error: the job name 'reused' belongs to a job that ended (etcd at "
+                f"127.0.0.1:{cluster.clients[0]} (job 'reused')): its rendezvous is closed for good"
+            ) in err, err[-3000:]
+            assert "etcdctl del --prefix /phalanx/reused/" in err
+            assert "REUSED strategy=" not in err
+
+
 def test_a_server_that_is_not_etcd_is_named_as_such(tmp_path):
     # A web server where the URL says etcd (a wrong port, a proxy):
     # Python's own, which answers POST with 501 and has no /version.
     from phalanx_core import UnavailableError
-    from phalanx_torch._rounds import _check_etcd, parse_rendezvous
+    from phalanx_torch._job_store import _check_etcd
+    from phalanx_torch._rendezvous_place import parse_rendezvous
 
     (port,) = _free_ports(1)
     server = subprocess.Popen(

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from counting_store import Counted
 
 from phalanx_core.launching import RankFailure, hosted_store
-from phalanx_torch import _rounds
+from phalanx_torch import _job_store
 from phalanx_torch._node_watch import NodeWatch
 
 RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: boom'
@@ -341,11 +341,11 @@ def test_the_store_host_may_open_three_connections_a_node():
     low = min(soft, 1024)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
-        _rounds.allow_connections(3 * 4096)  # a 4,096-node job's store, and 256 files of its own
+        _job_store.allow_connections(3 * 4096)  # a 4,096-node job's store, and 256 files of its own
         wanted = 3 * 4096 + 256
         top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (max(low, top), hard)
-        _rounds.allow_connections(10)  # never lowered
+        _job_store.allow_connections(10)  # never lowered
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (max(low, top), hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -264,6 +264,11 @@ class CountedRounds:
 
     # -- what the agent asks ----------------------------------------------------
 
+    @property
+    def joined_any(self) -> bool:
+        """Whether this node has joined a round (met, or is waiting in one)."""
+        return self.round >= 0 or bool(self._visited)
+
     def joined(self) -> list[str]:
         """The addresses of the nodes that joined the rounds this node joined
         while it waits (read from the store; for messages): a node that

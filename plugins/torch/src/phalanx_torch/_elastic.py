@@ -58,6 +58,7 @@ from ._elastic_rendezvous import (
     register_rendezvous,
 )
 from ._heartbeat import LOST_AFTER, Heartbeat, interval_for
+from ._job_store import allow_connections, job_store
 from ._ledger import JobLedger
 from ._listen import listen_address, one_thread
 from ._node_watch import NodeWatch
@@ -70,7 +71,7 @@ from ._ranks import (
     T,
     _run_here,
 )
-from ._rounds import RendezvousPlace, allow_connections, job_store, parse_rendezvous
+from ._rendezvous_place import RendezvousPlace, parse_rendezvous
 from ._rounds import register as register_rounds
 from ._scheduler_vars import _int_var
 from .environments import node_rank_needed

@@ -33,17 +33,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import os
 import threading
 import time
-import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
-from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.launching import hosted_store
 
-__all__ = ["ELASTIC", "RendezvousPlace", "parse_rendezvous"]
+from ._job_store import job_store
+from ._rendezvous_place import RendezvousPlace
+
+__all__ = ["ELASTIC", "register"]
 
 #: The job's store key that counts the nodes whose wait for a round timed out.
 _TIMED_OUT_KEY = "phalanx/timed-out"
@@ -55,236 +54,12 @@ TIMED_OUT_HOLD = 10.0
 ELASTIC = "phalanx-elastic"
 
 
-def allow_connections(count: int) -> None:
-    """Raise this process's open-file limit (the soft one, up to the hard
-    one) so that the store it hosts can hold ``count`` connections: four
-    per node (its agent, its node watch's two and its heartbeat), which at 4,096 nodes
-    is above the usual soft limit of 1,024."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = count + 256  # and the process's own files
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        if top > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
-
-
-#: etcd's client port, where an address gives none.
-ETCD_PORT = 2379
-
-
-@dataclass(frozen=True)
-class RendezvousPlace:
-    """Where the nodes of a job meet: ``kind`` ``"c10d"`` (a store node 0's
-    launching process hosts at ``main_address:main_port``) or ``"etcd"``
-    (the members at ``endpoints``), and the job's name there."""
-
-    kind: str
-    endpoints: tuple[tuple[str, int], ...]
-    name: str
-    #: How the etcd members are reached (``_etcd3.Access``: TLS, a user).
-    access: Any = None
-
-    @property
-    def endpoint(self) -> str:
-        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
-
-    def describe(self) -> str:
-        if self.kind == "etcd":
-            tls = " over TLS" if self.access is not None and self.access.tls else ""
-            return f"etcd at {self.endpoint}{tls} (job {self.name!r})"
-        return f"node 0's store at {self.endpoint}"
-
-
-#: The environment variable that holds the password of ``user=`` in an
-#: etcd rendezvous (never in the URL: a command line is visible to every
-#: user of the host).
-ETCD_PASSWORD_VAR = "PHALANX_ETCD_PASSWORD"
-#: The query parameters of an etcd rendezvous.
-_ETCD_PARAMETERS = ("cacert", "cert", "key", "user")
-
-
-def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> RendezvousPlace:
-    """The ``rendezvous`` option: None or ``"c10d"`` (node 0 hosts the
-    store at the main address and port), or
-    ``"etcd://HOST[:PORT],HOST[:PORT].../NAME"`` (an etcd cluster, 3.4 or
-    later, spoken to on its v3 API; ``NAME``, default ``phalanx-<main port>``, tells jobs that share
-    the cluster apart); ``etcd+https://`` reaches the members over TLS.
-    Query parameters: ``cacert``, ``cert``, ``key`` (TLS: the CA of the
-    members' certificates, this client's certificate and key) and
-    ``user`` (its password in ``PHALANX_ETCD_PASSWORD``)."""
-    if value is None or value == "c10d":
-        return RendezvousPlace("c10d", ((main_address, main_port),), f"phalanx-{main_address}:{main_port}")
-    wrong = MisconfigurationError(
-        f"launcher 'subprocess': rendezvous={value!r}; give 'c10d' (node 0 hosts the store, the "
-        "default) or 'etcd://HOST[:PORT],HOST[:PORT]/NAME' (an etcd cluster, 3.4 or later, one member or "
-        "more; NAME tells jobs apart; etcd+https:// for TLS, with ?cacert=PATH&cert=PATH&key=PATH)"
-    )
-    if not isinstance(value, str):
-        raise wrong
-    scheme, sep, rest = value.partition("://")
-    if not sep or scheme not in ("etcd", "etcd+https"):
-        raise wrong
-    rest, _, query = rest.partition("?")
-    access = _etcd_access(value, scheme == "etcd+https", query)
-    hosts, _, name = rest.partition("/")
-    endpoints = []
-    for item in hosts.split(","):
-        parsed = urllib.parse.urlsplit(f"//{item.strip()}")
-        try:
-            port = parsed.port or ETCD_PORT
-        except ValueError:
-            raise wrong from None
-        if not parsed.hostname:
-            raise wrong
-        endpoints.append((parsed.hostname, port))
-    name = name.strip("/") or f"phalanx-{main_port}"
-    return RendezvousPlace("etcd", tuple(endpoints), name, access)
-
-
-def _etcd_access(value: str, tls: bool, query: str) -> Any:
-    """The ``_etcd3.Access`` that an etcd rendezvous' scheme and query
-    parameters ask for; what is wrong with them, named."""
-    from . import _etcd3
-
-    try:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError:
-        pairs = [("", query)]
-    given: dict[str, str] = {}
-    for name, text in pairs:
-        if name not in _ETCD_PARAMETERS or name in given or not text:
-            raise MisconfigurationError(
-                f"launcher 'subprocess': rendezvous={value!r}: "
-                + (f"{name!r} is given twice" if name in given else f"{name}={text!r} is not a parameter")
-                + f"; its parameters are {', '.join(p + '=...' for p in _ETCD_PARAMETERS)}, each once, "
-                "with a value"
-            )
-        given[name] = text
-    files = {name: given[name] for name in ("cacert", "cert", "key") if name in given}
-    if files and not tls:
-        raise MisconfigurationError(
-            f"launcher 'subprocess': rendezvous={value!r}: {', '.join(files)} are TLS's; "
-            "reach the members over TLS with etcd+https://"
-        )
-    if "key" in files and "cert" not in files:
-        raise MisconfigurationError(
-            f"launcher 'subprocess': rendezvous={value!r}: key= without cert=; give the client's "
-            "certificate too (cert=PATH)"
-        )
-    for name, path in files.items():
-        full = os.path.abspath(os.path.expanduser(path))
-        if not os.access(full, os.R_OK) or not os.path.isfile(full):
-            raise MisconfigurationError(
-                f"launcher 'subprocess': rendezvous={value!r}: {name}={path!r}: no file to read at {full} "
-                "on this host (each node reads its own)"
-            )
-        files[name] = full
-    user = given.get("user")
-    password = os.environ.get(ETCD_PASSWORD_VAR) if user else None
-    if user and password is None:
-        raise MisconfigurationError(
-            f"launcher 'subprocess': rendezvous={value!r}: user={user!r} needs its password in "
-            f"{ETCD_PASSWORD_VAR}, on every node (not in the URL, which every user of the host can see)"
-        )
-    return _etcd3.Access(tls=tls, user=user, password=password, **files)
-
-
 def register() -> str:
     """Register (once) this module's rendezvous with elastic; its name."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     rendezvous_handler_registry.register(ELASTIC, _create)
     return ELASTIC
-
-
-def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
-    """The job's store that outlives its rounds: node 0's ``TCPStore``
-    (hosted here, listening on ``host``, where ``host`` is not None; a
-    client elsewhere), or a store in the etcd cluster (:mod:`._etcd3`)."""
-    import torch.distributed as dist
-
-    if place.kind == "etcd":
-        from . import _etcd3
-
-        _check_etcd(place, timeout)
-        return _etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
-    address, port = place.endpoints[0]
-    wait = datetime.timedelta(seconds=timeout)
-    if host is not None:
-        return hosted_store(host, port, timeout=wait)
-    return dist.TCPStore(address, port, is_master=False, timeout=wait)  # type: ignore[attr-defined]
-
-
-#: The longest a node waits at its start for a member of the etcd cluster
-#: to answer (the members of a cluster started with the job elect a
-#: leader first: a few seconds).
-ETCD_START_WAIT = 30.0
-
-
-def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
-    """Raise what to do unless a member of the etcd cluster answers a read
-    on its v3 API within ``min(timeout, ETCD_START_WAIT)`` seconds."""
-    from . import _etcd3
-
-    wait = min(timeout, ETCD_START_WAIT)
-    access = place.access or _etcd3.PLAIN
-    try:
-        _etcd3.check_reachable(place.endpoints, wait, access)
-    except _etcd3.EtcdTLSError as exc:
-        raise UnavailableError(f"rendezvous in etcd ({place.endpoint}): {exc}") from None
-    except _etcd3.EtcdRequestError as exc:
-        if "CommonName of client" in str(exc):
-            raise UnavailableError(
-                f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): with "
-                "authentication on, etcd's JSON gateway (the API phalanx speaks) refuses a client "
-                "certificate that has a CommonName; give a client certificate without one (the user "
-                "is then user=NAME's)"
-            ) from None
-        if exc.code is not None:  # etcd's own refusal: authentication
-            what = (
-                f"check user={access.user!r} and its password in {ETCD_PASSWORD_VAR}; the user needs a "
-                "role that may read and write the keys under /phalanx/"
-                if access.user
-                else f"a cluster with authentication on needs ?user=NAME in --rendezvous and its password "
-                f"in {ETCD_PASSWORD_VAR}"
-            )
-            raise UnavailableError(
-                f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): {what}"
-            ) from None
-        answered = _etcd3.versions(place.endpoints, access)
-        found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
-        raise UnavailableError(
-            f"rendezvous in etcd ({place.endpoint}): {found or 'a server'} answered, but not on etcd's "
-            f"v3 API (its JSON gateway at /v3/, which etcd 3.4 and later serve): {exc}. Use etcd 3.4 "
-            "or later, or meet on node 0's store instead (--rendezvous c10d)"
-        ) from None
-    except _etcd3.EtcdUnavailable as exc:
-        members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
-        tls = [] if access.tls else _etcd3.speaks_tls(place.endpoints)
-        if tls:
-            raise UnavailableError(
-                f"rendezvous in etcd ({place.endpoint}): {', '.join(tls)} "
-                f"speak{'s' if len(tls) == 1 else ''} TLS, and a plain-HTTP request is closed unanswered: "
-                "reach the members with etcd+https://..., with ?cacert=PATH (and cert=PATH&key=PATH "
-                "where they ask for a client certificate)"
-            ) from None
-        answered = _etcd3.versions(place.endpoints, access)
-        if answered:
-            found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
-            raise UnavailableError(
-                f"rendezvous in etcd ({place.endpoint}): {found} answered, but no read of the job's "
-                f"keys succeeded within {wait:g} s ({exc}): a cluster without a leader (are most of "
-                "its members down?). Bring a majority of its members up, or meet on node 0's store "
-                "instead (--rendezvous c10d)"
-            ) from None
-        raise UnavailableError(
-            f"rendezvous in etcd ({place.endpoint}): no member of the etcd cluster answered at "
-            f"{members} within {wait:g} s ({exc}). Start etcd there (3.4 or later), check the "
-            "addresses and ports in --rendezvous, or meet on node 0's store instead "
-            "(--rendezvous c10d)"
-        ) from None
 
 
 #: Seconds a node waits for the node that counts a round's failure to say
@@ -384,8 +159,17 @@ def _handler_class() -> type:
                 self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
             except RendezvousClosedError:
-                from phalanx_core import NodeLostError
+                from phalanx_core import MisconfigurationError, NodeLostError
 
+                if self.in_etcd and self.round < 0 and not self._inner.joined_any:
+                    # Closed before this node joined any round: not this job's end.
+                    name = self._inner.get_run_id()
+                    raise MisconfigurationError(
+                        f"the job name {name!r} belongs to a job that ended ({self._place_text}): its "
+                        "rendezvous is closed for good, and no node can join it. Give this job a name of "
+                        f"its own (--rendezvous etcd://.../NEWNAME), or delete the ended job's keys "
+                        f"(etcdctl del --prefix /phalanx/{name}/) and start every node again"
+                    ) from None
                 raise NodeLostError(
                     f"another node ended the job while this one waited to meet the others at "
                     f"{self._place_text} (it closed the rendezvous); its output says why",
