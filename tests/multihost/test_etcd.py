@@ -421,6 +421,26 @@ def test_a_user_with_its_password_reaches_a_cluster_with_authentication_on(tmp_p
         cluster.close()
 
 
+def _two_nodes(url: str, tag: str, **variables: str) -> tuple[list[int], list[tuple[str, str]]]:
+    """``phalanx run`` of run_scripts/report.py on two nodes on loopback
+    that meet at ``url``: their exit codes and (stdout, stderr)."""
+    script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "report.py")
+    run = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
+           "--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--rendezvous", url]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [*run, "--node-rank", str(node), script, tag],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=scheduler_free_environment(**variables),
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    return [int(node.returncode) for node in nodes], outputs
+
+
 def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypatch):
     # phalanx run on two nodes (loopback), the rendezvous in a 1-member etcd
     # that speaks only TLS with client certificates, with authentication on.
@@ -431,24 +451,10 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
         certificates = cluster.tls
         url = (f"etcd+https://127.0.0.1:{cluster.clients[0]}/tls-job?cacert={certificates}/ca.pem"
                f"&cert={certificates}/client.pem&key={certificates}/client.key&user=job")  # fmt: skip
-        script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "report.py")
-        env = scheduler_free_environment(PHALANX_ETCD_PASSWORD="pw")
-        run = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
-               "--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--rendezvous", url]  # fmt: skip
-        nodes = [
-            subprocess.Popen(
-                [*run, "--node-rank", str(node), script, "TLS"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for node in (0, 1)
-        ]
-        outputs = [node.communicate(timeout=180) for node in nodes]
+        codes, outputs = _two_nodes(url, "TLS", PHALANX_ETCD_PASSWORD="pw")
         lines = []
-        for node, (out, err) in zip(nodes, outputs, strict=True):
-            assert node.returncode == 0, err[-3000:]
+        for code, (out, err) in zip(codes, outputs, strict=True):
+            assert code == 0, err[-3000:]
             lines += [line for line in out.splitlines() if "TLS strategy=" in line]
         assert sorted(line.split()[-2:] for line in lines) == [["world=2", "rank=0"], ["world=2", "rank=1"]]
         # The job's state is where the URL said, written as the user.
@@ -474,22 +480,8 @@ def test_a_job_name_that_an_ended_job_used_is_refused_naming_it(cluster):
     # the name's rendezvous closed for good: every node says so, and what
     # to do, instead of "another node ended the job".
     url = f"etcd://127.0.0.1:{cluster.clients[0]}/reused"
-    script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "report.py")
-    run = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp", "--accelerator", "cpu",
-           "--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--rendezvous", url]  # fmt: skip
     for attempt in ("first", "again"):
-        nodes = [
-            subprocess.Popen(
-                [*run, "--node-rank", str(node), script, "REUSED"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=scheduler_free_environment(),
-            )
-            for node in (0, 1)
-        ]
-        outputs = [node.communicate(timeout=180) for node in nodes]
-        codes = [node.returncode for node in nodes]
+        codes, outputs = _two_nodes(url, "REUSED")
         if attempt == "first":
             assert codes == [0, 0], outputs
             continue

@@ -86,9 +86,10 @@ def agent_class(
         _last: Any = None
         _joining = False
 
-        def _rounds(self) -> Any:
-            handler = self._worker_group.spec.rdzv_handler
-            return handler if hasattr(handler, "count_failure") else None
+        @staticmethod
+        def _rounds() -> Any:
+            """The rounds' handler (:mod:`._rounds`), where the job meets in rounds."""
+            return ledger.rounds
 
         #: The node that stopped beating, as the heartbeat said it: (node rank, host).
         _lost: tuple[int, str] | None = None
@@ -191,7 +192,7 @@ def agent_class(
                 )
                 sys.stderr.flush()
             elif last is not None:
-                waiting = self._worker_group.spec.rdzv_handler.num_nodes_waiting()
+                waiting = worker_group.spec.rdzv_handler.num_nodes_waiting()
                 sys.stderr.write(
                     f"{who}: {waiting or 'a'} node{'s' if waiting > 1 else ''} asked to join; every rank "
                     "is stopped and the nodes meet in a new round (not counted as a restart)\n"

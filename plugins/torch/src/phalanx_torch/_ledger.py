@@ -20,6 +20,9 @@ class JobLedger:
       node watch connects to the job's store from then on);
     - the rounds it met, as ``(node rank, number of nodes)`` (the agent
       says each; the launcher reads the last for the ranks' results);
+    - the rounds' handler, where the job meets in rounds (it says so as
+      it is made; the agent asks it for the job's restart count and for
+      the nodes waiting to join);
     - the stores the launch must keep until its watch has left them (a
       static rendezvous hosts node 0's store, and elastic drops its
       handler, and the store with it, as its launch returns);
@@ -27,6 +30,8 @@ class JobLedger:
 
     def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.say = say
+        #: The rounds' handler (``_rounds.RoundRendezvous``), or ``None``.
+        self.rounds: Any = None
         self._met = threading.Event()
         self._rounds: list[tuple[int, int]] = []
         self._kept: list[Any] = []

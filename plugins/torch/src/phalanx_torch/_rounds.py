@@ -90,6 +90,8 @@ def _create(params: Any) -> Any:
     handler = _handler_class()(inner, store, config["listen"], timeout, place.describe())
     ledger = config.get("ledger")
     handler.ledger = ledger
+    if ledger is not None:
+        ledger.rounds = handler  # the agent's to ask
     handler.say = ledger.say if ledger is not None else None
     handler.hosts_store = config.get("store") is not None
     handler.in_etcd = place.kind == "etcd"
