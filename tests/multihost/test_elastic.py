@@ -182,9 +182,11 @@ def assert_named_lost(text: str, bed: Any, lost: int) -> None:
     """The nodes left say that their ranks lost a peer, not that one failed,
     and, once they meet again, which node of the round before did not come:
     by its node rank, host name and address."""
-    assert re.search(
+    said = re.findall(
         r"rank \d+ lost a peer \(exit code 1: .*\); no rank of this node failed of itself", text
-    ), text
+    )
+    assert said, text
+    assert not [line for line in said if "gloo/" in line or "GLHF" in line], said  # what happened, only
     assert re.search(
         rf"node {lost} \(host node{lost}, address {re.escape(bed.hosts[lost].address)}\) of round \d+ did not join "
         r"round \d+: it was lost \(the host, its network, or its phalanx run ended\); the job goes on with 2 nodes",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -43,8 +44,9 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
         what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
         if first.raised and first.lost_a_peer:
             # The likeliest cause is the one this node's ranks cannot see.
+            said = _GLOO_SOURCE.sub("", _GLOO_ADVICE.sub("", last[0])) if last else ""
             what = (
-                f"rank {first.rank} lost a peer ({how}{': ' + last[0] if last else ''}); no rank of "
+                f"rank {first.rank} lost a peer ({how}{': ' + said if said else ''}); no rank of "
                 "this node failed of itself: the cause is on another node (its output names the rank), "
                 "or that node was lost (the next round names it)"
             )
@@ -52,6 +54,12 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
         f"{who}: {what}; every rank is stopped and started again (restart {restart} of {max_restarts})\n"
     )
     sys.stderr.flush()
+
+
+#: What a line of gloo's says besides what happened: where in gloo's
+#: source it was raised, and its advice to read the other worker's logs.
+_GLOO_SOURCE = re.compile(r"\[[^\]\s]*gloo/[^\]\s]*:\d+\] ")
+_GLOO_ADVICE = re.compile(r"\. This is typically caused by a remote worker crashing\..*$")
 
 
 @contextlib.contextmanager
