@@ -438,6 +438,25 @@ def test_script_mode_rank_0_dying_first_does_not_hang_the_others():
     assert job.seconds < PROMPT
 
 
+def test_a_ranks_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    # Elastic's agent stops the other ranks once one failed; a rank stopped
+    # while torch's ErrorHandler wrote its error file left it cut short, and
+    # elastic's monitor raised JSONDecodeError parsing it (CI, torch 2.14.1,
+    # rank0_dies_in_barrier). The file is written beside, then renamed.
+    from phalanx_torch._ranks import record_exception
+
+    path = tmp_path / "attempt_0" / "1" / "error.json"
+    path.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    try:
+        raise ValueError("rank one broke")
+    except ValueError as exc:
+        record_exception(exc)
+    assert json.loads(path.read_text())["message"]["message"] == "ValueError: rank one broke"
+    assert os.environ["TORCHELASTIC_ERROR_FILE"] == str(path)
+    assert [p.name for p in path.parent.iterdir()] == ["error.json"]  # nothing left beside it
+
+
 def test_script_mode_a_rank_that_never_arrives_times_the_others_out():
     job = run_job("never_arrives", "--strategy", "ddp", "--processes", "2", "--timeout", "3")
     failure = job.failure

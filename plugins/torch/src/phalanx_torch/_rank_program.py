@@ -29,9 +29,9 @@ def _record(exc: BaseException) -> None:
     if not path or os.path.exists(path):
         return
     with contextlib.suppress(Exception):
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+        from ._ranks import record_exception
 
-        ErrorHandler().record_exception(exc)
+        record_exception(exc)
 
 
 if __name__ == "__main__":

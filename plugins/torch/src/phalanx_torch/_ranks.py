@@ -33,6 +33,31 @@ _LAUNCHES = itertools.count(1)
 # -- in_process ------------------------------------------------------------------
 
 
+def record_exception(exc: BaseException) -> None:
+    """Leave ``exc`` in torch elastic's error file (``TORCHELASTIC_ERROR_FILE``)
+    as its ``ErrorHandler`` writes it, but whole or not at all: written
+    beside it, then renamed onto it. The agent stops every rank once one
+    has failed; a rank stopped while its handler wrote would leave the file
+    cut short, and elastic's monitor, which parses it, raises
+    ``JSONDecodeError`` in place of the job's failure."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    path = os.environ.get(_ERROR_FILE_VAR)
+    if not path:
+        ErrorHandler().record_exception(exc)
+        return
+    partial = f"{path}.{os.getpid()}.partial"
+    os.environ[_ERROR_FILE_VAR] = partial  # where the handler writes
+    try:
+        ErrorHandler().record_exception(exc)
+    finally:
+        os.environ[_ERROR_FILE_VAR] = path
+    try:
+        os.replace(partial, path)
+    except OSError:
+        Path(partial).unlink(missing_ok=True)
+
+
 def _run_here(index: int, fn: Callable[..., T], args: Sequence[Any], kwargs: Mapping[str, Any]) -> T:
     """Run ``fn`` in this process, leaving its result and its traceback where
     a launching process looks for them (see :class:`InProcessLauncher`).
@@ -61,9 +86,7 @@ def _run_here(index: int, fn: Callable[..., T], args: Sequence[Any], kwargs: Map
             write_whole(Path(results_dir, f"{rank}.pkl"), dumps_result(result, rank))
     except Exception as exc:
         if error_file:
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(exc)
+            record_exception(exc)
         raise
     return result
 
