@@ -27,6 +27,11 @@ sleep in each step, one line per step). Four jobs, one after the other:
   step minus the checkpoint's).
 * both again without a kill: the median time of a step, ``ddp_ft`` against
   ``ddp`` (G ranks either way), as throughput.
+* with ``--hosts N`` and a kill (not ``--cut``): TorchFT wired by hand on
+  the same hosts (``bench/torchft_by_hand.py``: a process a group, the
+  lighthouse on host 0 with the same heartbeat timeout), host 1 killed once
+  group 0 has committed ``--kill-at`` steps: the survivors' longest gap and
+  steps not committed, beside ``ddp_ft``'s.
 
 This prints; it asserts nothing.
 """
@@ -184,6 +189,10 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
     quiet_ddp.wait()
     step_ft, step_ddp = quiet_ft.median_step(0), quiet_ddp.median_step(0)
 
+    by_hand = None
+    if bed is not None and not args.cut:
+        by_hand = torchft_by_hand(args, bed)
+
     result = {
         "hosts": args.hosts or 1,
         "groups": args.groups,
@@ -198,6 +207,9 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         "step_s_ddp": round(step_ddp, 4),
         "throughput_ratio_ddp_ft_to_ddp": round(step_ddp / step_ft, 3),
     }
+    if by_hand is not None:
+        result["by_hand_survivor_longest_gap_s"] = max(by_hand["survivor_longest_gap_s"])
+        result["by_hand_survivor_steps_not_committed"] = sum(by_hand["survivor_steps_not_committed"])
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -218,11 +230,30 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         f"{result['ddp_max_restarts_kill_to_next_step_s']} s, steps done again {redone} "
         f"(checkpoint every {args.every})"
     )
+    if by_hand is not None:
+        print(
+            f"torchft by hand, host 1 killed at step {args.kill_at}: survivors' longest gap "
+            f"{result['by_hand_survivor_longest_gap_s']} s, their steps not committed "
+            f"{result['by_hand_survivor_steps_not_committed']}"
+        )
     print(f"gap ratio ddp_ft / ddp: {result['gap_ratio_ddp_ft_to_ddp']}")
     print(
         f"no failure: step {result['step_s_ddp_ft']} s (ddp_ft) vs {result['step_s_ddp']} s (ddp): "
         f"throughput ratio {result['throughput_ratio_ddp_ft_to_ddp']}"
     )
+
+
+def torchft_by_hand(args: argparse.Namespace, bed: Any) -> dict[str, Any]:
+    """One kill of host 1 under TorchFT wired by hand, on ``bed``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torchft_by_hand as by_hand
+
+    options = argparse.Namespace(
+        groups=args.groups, steps=args.steps, step_time=args.pad, kills=1, down=2.0,
+        heartbeat_ms=round(args.heartbeat_timeout * 1000),
+    )  # fmt: skip
+    kills: list[dict[str, Any]] = by_hand.driver(options, bed, first_kill_after=args.kill_at)["kills"]
+    return kills[0]
 
 
 if __name__ == "__main__":

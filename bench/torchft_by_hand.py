@@ -3,9 +3,11 @@ baseline that ``ddp_ft`` (issue 41) is measured against.
 
     pip install torchft==0.2.0          # beside torch; not a phalanx dependency
     python bench/torchft_by_hand.py [--groups 3] [--steps 150] [--step-time 0.25]
-                                    [--kills 3] [--down 2] [--heartbeat-ms 1000] [--json]
+                                    [--kills 3] [--down 2] [--heartbeat-ms 1000]
+                                    [--hosts N] [--json]
 
-What runs, all on 127.0.0.1, CPU and gloo:
+What runs, all on 127.0.0.1 (with ``--hosts N``: on N hosts made of network
+namespaces, root and iproute2), CPU and gloo:
 
 * TorchFT's lighthouse (``torchft.coordination.LighthouseServer``) in this
   process: ``min_replicas=1``, a 100 ms quorum tick, ``--heartbeat-ms``
@@ -20,6 +22,11 @@ What runs, all on 127.0.0.1, CPU and gloo:
   the groups have committed 15 more steps, and starts it again ``--down``
   seconds later; the new process heals from a peer (TorchFT copies the
   state over HTTP; no checkpoint file exists).
+* ``--hosts N`` (``--groups`` is then N): group i runs on host i, its store
+  and manager on the host's address; the lighthouse runs on host 0 (as
+  ``phalanx run`` puts it on node 0), and a kill is of every process of
+  host 1 (a lost machine). ``bench/ddp_ft.py --hosts N`` runs this beside
+  ``ddp_ft`` on the same hosts.
 
 It prints, per kill: each survivor's longest gap between two committed
 steps from the kill to the restart's first committed step, the steps a
@@ -49,6 +56,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 
 def group_main(args: argparse.Namespace) -> None:
@@ -77,7 +85,7 @@ def group_main(args: argparse.Namespace) -> None:
     def state_dict() -> dict:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = torch.distributed.TCPStore(args.address, 0, is_master=True, wait_for_workers=False)
     second = timedelta(seconds=1)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=second),
@@ -85,12 +93,12 @@ def group_main(args: argparse.Namespace) -> None:
         state_dict=state_dict,
         min_replica_size=1,
         replica_id=f"group_{args.group}",
-        store_addr="127.0.0.1",
+        store_addr=args.address,
         store_port=store.port,
         rank=0,
         world_size=1,
         lighthouse_addr=args.lighthouse,
-        hostname="127.0.0.1",
+        hostname=args.address,
         timeout=second,
         quorum_timeout=timedelta(seconds=10),
         connect_timeout=timedelta(seconds=10),
@@ -114,12 +122,26 @@ def group_main(args: argparse.Namespace) -> None:
     manager.shutdown()
 
 
+def serve_lighthouse(args: argparse.Namespace) -> None:
+    """``--hosts``: the lighthouse, in a process of host 0's, until killed."""
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(
+        bind=args.serve, min_replicas=1, join_timeout_ms=1000, quorum_tick_ms=100,
+        heartbeat_timeout_ms=args.heartbeat_ms,
+    )  # fmt: skip
+    print(lighthouse.address(), flush=True)
+    while True:
+        time.sleep(60)
+
+
 class Group:
     """One replica group's process and the times of its committed steps."""
 
-    def __init__(self, index: int, argv: list[str]) -> None:
+    def __init__(self, index: int, argv: list[str], host: Any = None) -> None:
         self.index = index
         self.argv = argv
+        self.host = host
         self.commits: list[float] = []
         self.missed = 0
         self.process: subprocess.Popen[str] | None = None
@@ -127,9 +149,12 @@ class Group:
     def start(self) -> float:
         started = time.monotonic()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-        )
+        options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL, "text": True}
+        if self.host is None:
+            self.process = subprocess.Popen(self.argv, env=env, **options)
+        else:  # gloo on the host's interface, not its name's 127.0.1.1
+            env["GLOO_SOCKET_IFNAME"] = self.host.interface
+            self.process = self.host.popen(self.argv, env=env, **options)
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
         return started
 
@@ -141,9 +166,12 @@ class Group:
             elif line.startswith("MISSED"):
                 self.missed += 1
 
-    def kill(self) -> float:
+    def kill(self, bed: Any = None) -> float:
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
+        if bed is None:
+            self.process.send_signal(signal.SIGKILL)
+        else:
+            bed.kill_all(self.host)  # the whole host
         killed = time.monotonic()
         self.process.wait()
         return killed
@@ -163,35 +191,53 @@ def wait_for(condition, timeout: float) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.05)
 
 
-def driver(args: argparse.Namespace) -> dict:
+def driver(args: argparse.Namespace, bed: Any = None, first_kill_after: int = 15) -> dict:
+    """Run the groups (on ``bed``'s hosts, one a host, where given) and
+    kill group 1 ``args.kills`` times, the first once group 0 has committed
+    ``first_kill_after`` steps."""
     os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
     import torch
-    from torchft.coordination import LighthouseServer
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    lighthouse = LighthouseServer(
-        bind=f"127.0.0.1:{port}",
-        min_replicas=1,
-        join_timeout_ms=1000,
-        quorum_tick_ms=100,
-        heartbeat_timeout_ms=args.heartbeat_ms,
-    )
+    server: Any
+    if bed is None:
+        from torchft.coordination import LighthouseServer
+
+        server = LighthouseServer(
+            bind=f"127.0.0.1:{port}",
+            min_replicas=1,
+            join_timeout_ms=1000,
+            quorum_tick_ms=100,
+            heartbeat_timeout_ms=args.heartbeat_ms,
+        )
+        url = server.address()
+    else:
+        serve = [sys.executable, __file__, "--serve", f"{bed.hosts[0].address}:{port}"]
+        server = bed.hosts[0].popen(
+            [*serve, "--heartbeat-ms", str(args.heartbeat_ms)], stdout=subprocess.PIPE, text=True
+        )
+        server.stdout.readline()  # up (its own address names host 0, which is 127.0.1.1 there)
+        url = f"http://{bed.hosts[0].address}:{port}"
     out = tempfile.mkdtemp(prefix="torchft-by-hand-")
-    common = ["--lighthouse", lighthouse.address(), "--steps", str(args.steps)]
+    common = ["--lighthouse", url, "--steps", str(args.steps)]
     common += ["--step-time", str(args.step_time), "--out", out]
-    groups = [Group(i, [sys.executable, __file__, "--group", str(i), *common]) for i in range(args.groups)]
+    groups = []
+    for i in range(args.groups):
+        host = None if bed is None else bed.hosts[i]
+        address = ["--address", host.address] if host is not None else []
+        groups.append(Group(i, [sys.executable, __file__, "--group", str(i), *common, *address], host))
     kills = []
     try:
         for group in groups:
             group.start()
         victim, survivors = groups[1], [g for g in groups if g is not groups[1]]
-        for _ in range(args.kills):
-            target = len(survivors[0].commits) + 15
+        for kill in range(args.kills):
+            target = len(survivors[0].commits) + (first_kill_after if kill == 0 else 15)
             wait_for(lambda t=target: len(survivors[0].commits) >= t, 120)
             missed = [g.missed for g in survivors]
-            killed = victim.kill()
+            killed = victim.kill(bed)
             time.sleep(args.down)
             healed_from = len(victim.commits)
             restarted = victim.start()
@@ -213,7 +259,11 @@ def driver(args: argparse.Namespace) -> dict:
         for group in groups:
             if group.process is not None and group.process.poll() is None:
                 group.process.kill()
-        lighthouse.shutdown()
+        if bed is None:
+            server.shutdown()
+        else:
+            bed.kill_all(bed.hosts[0])
+            server.wait()
     ends = [torch.load(Path(out) / f"group{g.index}.pt") for g in groups]
     first = ends[0]["weights"]
     same = all(all(torch.equal(a, b) for a, b in zip(first, end["weights"], strict=True)) for end in ends[1:])
@@ -237,15 +287,28 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--down", type=float, default=2.0, help="seconds the killed group stays down")
     parser.add_argument("--heartbeat-ms", type=int, default=1000)
+    parser.add_argument("--hosts", type=int, help="N hosts of network namespaces, one group a host (root)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--group", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--address", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.group is not None:
         group_main(args)
         return
-    result = driver(args)
+    if args.serve is not None:
+        serve_lighthouse(args)
+        return
+    if args.hosts is None:
+        result = driver(args)
+    else:
+        from phalanx_core.testing.hosts import TestBed
+
+        args.groups = args.hosts
+        with TestBed(args.hosts, subnet="192.168.83") as bed:
+            result = driver(args, bed)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -154,6 +154,41 @@ def test_a_rank_whose_peer_left_is_told_so_by_name():
     assert "Every rank calls barrier()" not in caught[1][1]
 
 
+def rank_one_slow_to_connect(strategy):
+    import time
+
+    collective = strategy.collective
+    collective.teardown()
+    made = []
+    if strategy.global_rank == 1:
+        real = dist.init_process_group
+
+        def slow(*args, **kwargs):
+            real(*args, **kwargs)
+            time.sleep(1.0)  # as a loaded machine's connecting thread may be
+            made.append(time.time())
+
+        dist.init_process_group = slow
+    try:
+        collective.setup(strategy.environment, strategy.accelerator)
+    finally:
+        if strategy.global_rank == 1:
+            dist.init_process_group = real
+    returned = time.time()
+    collective.all_reduce(torch.ones(1))
+    return made[0] if made else returned
+
+
+def test_set_up_returns_on_no_rank_before_every_ranks_group_is_made():
+    # gloo's connecting rank is done before its peer has read the
+    # connection: a rank that went on and ended (a script that calls no
+    # collective) closed it under the peer, whose set-up then failed with
+    # "Connection closed by peer". Set-up returns once every rank's is made.
+    strategy = phalanx.resolve("ddp_spawn", accelerator="cpu", devices=2, timeout=30)
+    returned, made = strategy.launch(rank_one_slow_to_connect)
+    assert returned >= made
+
+
 def test_timeout_is_a_positive_number():
     with pytest.raises(MisconfigurationError, match="positive number of seconds"):
         TorchCollective(timeout=datetime.timedelta(seconds=3))  # type: ignore[arg-type]
