@@ -3,7 +3,8 @@
 of network namespaces (CPU, gloo).
 
     python bench/ddp_ft.py [--groups 3] [--steps 60] [--pad 0.25] [--kill-at 25] [--every 10]
-                           [--heartbeat-timeout 1.0] [--replica-timeout 10] [--hosts N [--cut]] [--json]
+                           [--heartbeat-timeout 1.0] [--replica-timeout 10] [--hosts N [--cut]]
+                           [--own-loader] [--json]
 
 With ``--hosts N`` (root and iproute2; ``--groups`` is then N: one group,
 or one ``ddp`` rank, a host), the kill is of every process of host 1 (as a
@@ -13,13 +14,16 @@ lost machine), and ``ddp`` runs as ``--num-nodes N-1:N --max-restarts 1``
 only when an all-reduce with it times out: ``--replica-timeout``).
 
 Workload: ``bench/ddp_ft_train.py`` (a small MLP, ``--pad`` seconds of
-sleep in each step, one line per step). Four jobs, one after the other:
+sleep in each step, one line per step; its batches from ``setup_dataloader``,
+or with ``--own-loader`` from its own ``DataLoader``, for the ``ddp_ft``
+jobs: then the step's quorum is awaited in its all-reduce, overlapping the
+step, not before its batch is dealt). Four jobs, one after the other:
 
 * ``ddp_ft``: ``phalanx run --strategy ddp_ft --replica-groups G --devices 1
-  --max-restarts 1``; once group 1 has done ``--kill-at`` steps its rank is
-  killed with SIGKILL. Measured on the survivors: the longest gap between two
-  of their committed steps from the kill to the end, and how many of their
-  steps were not committed after the kill.
+  --max-restarts 1``; once group 0 has done ``--kill-at`` steps group 1's
+  rank is killed with SIGKILL. Measured on the survivors: the longest gap between two
+  of their committed steps from the kill to the end, and how many steps
+  each one did not commit after the kill.
 * ``ddp``: ``phalanx run --strategy ddp --devices G --max-restarts 1``, a
   checkpoint every ``--every`` steps; rank 1 killed at the same step.
   Measured: the kill to the first step after it (every rank restarted,
@@ -66,6 +70,8 @@ class Run:
         self.bed = bed
         command = [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", *flags]
         workload = [str(WORKLOAD), str(self.folder), str(args.steps), str(args.pad), str(args.every)]
+        if args.own_loader and "ddp_ft" in flags:
+            workload.append("own")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
         options.update(env=env, cwd=self.folder)
@@ -91,10 +97,10 @@ class Run:
                 self.steps.append((int(group), int(pid), int(step), committed == "True", float(t)))
 
     def kill_at(self, group: int, step: int, cut: bool = False) -> tuple[float, int]:
-        """SIGKILL ``group``'s process once it has done ``step`` steps (or
-        cut its host off the network, ``cut``); the time and the step it
-        was at."""
-        while not any(s[0] == group and s[2] >= step for s in self.steps):
+        """SIGKILL ``group``'s process once group 0 has done ``step`` steps
+        (as ``torchft_by_hand.py`` times its kill; or cut its host off the
+        network, ``cut``); the time and the step it was at."""
+        while not any(s[0] == 0 and s[2] >= step for s in self.steps):
             if self.process.poll() is not None:
                 raise RuntimeError("the job ended before the kill")
             time.sleep(0.01)
@@ -136,6 +142,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, help="N hosts of network namespaces, one group a host (root)")
     parser.add_argument("--cut", action="store_true", help="with --hosts: cut host 1 off the network instead")
     parser.add_argument("--replica-timeout", type=float, default=10.0, help="ddp_ft's (seconds)")
+    parser.add_argument("--own-loader", action="store_true", help="ddp_ft's jobs without setup_dataloader")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.hosts is None:
@@ -170,7 +177,11 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         before = [t for t in times if t < killed][-1:]
         after = before + [t for t in times if t >= killed]
         gaps.append(max(b - a for a, b in itertools.pairwise(after)))
-    not_committed = sum(1 for s in survivors if s[4] >= killed and not s[3])
+    # Each survivor's steps not committed after the kill (one a survivor, not their sum).
+    not_committed = [
+        sum(1 for s in survivors if s[0] == group and s[4] >= killed and not s[3])
+        for group in sorted({s[0] for s in survivors})
+    ]
 
     if bed is None:
         ddp_flags = ["--strategy", "ddp", "--devices", g]
@@ -209,7 +220,7 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
     }
     if by_hand is not None:
         result["by_hand_survivor_longest_gap_s"] = max(by_hand["survivor_longest_gap_s"])
-        result["by_hand_survivor_steps_not_committed"] = sum(by_hand["survivor_steps_not_committed"])
+        result["by_hand_survivor_steps_not_committed"] = by_hand["survivor_steps_not_committed"]
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -223,7 +234,7 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
     )
     print(
         f"ddp_ft, group 1 {lost} at step {args.kill_at}: survivors' longest gap "
-        f"{result['ddp_ft_survivor_longest_gap_s']} s, their steps not committed {not_committed}"
+        f"{result['ddp_ft_survivor_longest_gap_s']} s, each one's steps not committed {not_committed}"
     )
     print(
         f"ddp --max-restarts 1, rank 1 {lost} at step {at}: {lost} to next step "
@@ -233,7 +244,7 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
     if by_hand is not None:
         print(
             f"torchft by hand, host 1 killed at step {args.kill_at}: survivors' longest gap "
-            f"{result['by_hand_survivor_longest_gap_s']} s, their steps not committed "
+            f"{result['by_hand_survivor_longest_gap_s']} s, each one's steps not committed "
             f"{result['by_hand_survivor_steps_not_committed']}"
         )
     print(f"gap ratio ddp_ft / ddp: {result['gap_ratio_ddp_ft_to_ddp']}")

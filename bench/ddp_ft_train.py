@@ -4,7 +4,11 @@ padded step, one line per step. Under ``ddp_ft`` the step is TorchFT's (``curren
 committed or not); under any other strategy it counts itself and saves a
 checkpoint every ``EVERY`` steps, from which a restarted job resumes.
 
-    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY
+    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY [own]
+
+``own``: the script's own ``DataLoader`` instead of ``setup_dataloader``'s
+(every group reads the same batches; the quorum is then awaited in the
+step's all-reduce, not before its batch).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import phalanx
 from phalanx_core import CheckpointDirectory
 
 out, steps, pad, every = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+own = sys.argv[5:] == ["own"]
 strategy = phalanx.resolve()
 strategy.launch()
 ft = hasattr(strategy, "replica_group")
@@ -28,7 +33,8 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
 samples = TensorDataset(torch.randn(32 * 1000, 64, generator=torch.Generator().manual_seed(0)))
-loader = strategy.setup_dataloader(DataLoader(samples, batch_size=32, shuffle=True))
+loader = DataLoader(samples, batch_size=32, shuffle=True)
+loader = loader if own else strategy.setup_dataloader(loader)
 batches = iter(loader)
 checkpoints = CheckpointDirectory(out / "ckpt", keep=2)
 step = 0 if ft else strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
