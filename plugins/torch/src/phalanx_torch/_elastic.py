@@ -47,6 +47,7 @@ from ._elastic_agent import (
     raised_before,
     say,
     signal_handlers_kept,
+    stop_workers,
     stopped_words,
     store_lost_errors,
 )
@@ -551,10 +552,8 @@ class SubprocessLauncher(Launcher):
         them. Stop this node's ranks, say so, and end this process: nothing
         else can end the agent's wait."""
         error = self._node_zero_lost(TimeoutError(f"no answer for {seconds:.0f} s"))
-        agent = heartbeat.agent
         with contextlib.suppress(Exception):  # stopping what can be stopped; the exit follows
-            if agent is not None and getattr(agent, "_pcontext", None) is not None:
-                agent._pcontext.close()
+            stop_workers(heartbeat.agent)
         say(who, str(error))
         sys.stdout.flush()
         os._exit(1)

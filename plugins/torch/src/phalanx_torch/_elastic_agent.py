@@ -25,6 +25,30 @@ from ._heartbeat import Heartbeat
 from ._ledger import JobLedger
 from ._ranks import RESULTS_DIR_VAR
 
+#: The private names of torch elastic's agent that the launcher overrides
+#: or reads, all in this module; ``plugins/torch/tests/test_torch_private_
+#: names.py`` checks each against the torch installed (a release that
+#: renames one fails a test named after it, not a job).
+PRIVATE_AGENT_NAMES: dict[str, str] = {
+    "launcher.api.LocalElasticAgent": "the module global that elastic_launch's launch_agent makes its "
+    "agent from, swapped for PhalanxAgent while a launch runs (elastic_launch takes no agent)",
+    "_monitor_workers": "overridden: a failed round is counted for the job, a node's lost heartbeat "
+    "fails the round, a node waiting to join is told from a failure",
+    "_rendezvous": "overridden: each round's node rank and the job-wide restart count",
+    "_restart_workers": "overridden: says the restart and its cause",
+    "_exit_barrier": "overridden: skipped where the job ended in a failure the nodes all know",
+    "_remaining_restarts": "written: the restarts left are the job's, not this node's",
+    "_pcontext": "read: the ranks' processes, stopped when node 0 is lost without a word",
+}
+
+
+def stop_workers(agent: Any) -> None:
+    """Stop the ranks that elastic's ``agent`` started (its private
+    ``_pcontext``; see :data:`PRIVATE_AGENT_NAMES`), if any."""
+    processes = getattr(agent, "_pcontext", None)
+    if processes is not None:
+        processes.close()
+
 
 def say(who: str, line: str) -> None:
     sys.stderr.write(f"{who}: {line}\n")
