@@ -119,8 +119,9 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import RankFailure, hosted_store, root_cause
-from phalanx_torch import _rendezvous_place, _rounds
-from phalanx_torch._node_watch import NodeWatch as _NodeWatch
+from phalanx_torch._nodes import rendezvous_place as _rendezvous_place
+from phalanx_torch._nodes import rounds as _rounds
+from phalanx_torch._nodes.node_watch import NodeWatch as _NodeWatch
 
 LOOPBACK = "127.0.0.1"
 MONITOR = 0.1  # elastic's monitor_interval, as the launcher sets it

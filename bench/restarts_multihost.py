@@ -56,7 +56,7 @@ hosts (node0..node2, 192.168.77.1-3) and removes it at its end.
 2. **A soak**: one ``phalanx run`` job on 3 hosts (``--num-nodes
    --soak-nodes``, ``--max-restarts --soak-kills``, ``--soak-samples``
    samples) in which ``--soak-kills`` kills happen in a row: each time one
-   rank process chosen at random (``phalanx_torch._rank_program``, found in
+   rank process chosen at random (``phalanx_torch._launch.rank_program``, found in
    the hosts' namespaces; ``--seed``) is sent SIGKILL, and the next kill
    waits until the new round has trained ``--soak-steps`` steps past the
    one it resumed from. Measured: the job's exit code on every host,
@@ -102,7 +102,7 @@ JOB = Path(__file__).resolve().parent.parent / "tests" / "multihost" / "elastic_
 MAIN = "192.168.77.1"  # node0 on the test bed
 PORT = 29631
 EPOCHS = 2
-RANK_PROGRAM = "phalanx_torch._rank_program"
+RANK_PROGRAM = "phalanx_torch._launch.rank_program"
 
 #: The lost host is run under each of these, with these variables.
 LAUNCHERS: dict[str, dict[str, str]] = {

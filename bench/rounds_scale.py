@@ -52,7 +52,9 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import hosted_store
-from phalanx_torch import _job_store, _rendezvous_place, _rounds
+from phalanx_torch._nodes import job_store as _job_store
+from phalanx_torch._nodes import rendezvous_place as _rendezvous_place
+from phalanx_torch._nodes import rounds as _rounds
 
 
 class Node:
@@ -262,7 +264,7 @@ def _start_etcd() -> tuple[subprocess.Popen, int, str]:
         "--quota-backend-bytes", str(8 << 30),
     ]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    from phalanx_torch import _etcd3
+    from phalanx_torch._nodes import etcd3 as _etcd3
 
     _etcd3.check_reachable([(LOOPBACK, client)], 30)
     return process, client, data

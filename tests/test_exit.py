@@ -82,7 +82,11 @@ class Job:
         )
 
     def ranks(self) -> dict[int, str]:
-        return {pid: c for pid, c in tagged_processes(self.tag).items() if "_rank_program" in c}
+        return {
+            pid: c
+            for pid, c in tagged_processes(self.tag).items()
+            if "phalanx_torch._launch.rank_program" in c
+        }
 
     def wait_for_ranks(self, count: int) -> None:
         deadline = time.monotonic() + 60

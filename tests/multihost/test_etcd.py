@@ -1,4 +1,4 @@
-"""The job's state in etcd over its v3 API (``phalanx_torch._etcd3``), on a
+"""The job's state in etcd over its v3 API (``phalanx_torch._nodes.etcd3``), on a
 real etcd cluster of three members on loopback (Debian's etcd 3.4, started
 as etcd 3.6 always runs: without the v2 API): the store's operations, its
 blocking waits, counts that stay exact while the member every client talks
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from phalanx_core.testing.processes import scheduler_free_environment
-from phalanx_torch import _etcd3
+from phalanx_torch._nodes import etcd3 as _etcd3
 
 
 def _free_ports(count: int) -> list[int]:
@@ -233,8 +233,8 @@ def test_nodes_entering_at_once_get_every_place_once(cluster):
 
 def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._job_store import _check_etcd
-    from phalanx_torch._rendezvous_place import RendezvousPlace
+    from phalanx_torch._nodes.job_store import _check_etcd
+    from phalanx_torch._nodes.rendezvous_place import RendezvousPlace
 
     cluster.kill(0)
     cluster.kill(1)
@@ -298,8 +298,8 @@ def tls_cluster(tmp_path):
 
 def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_is_named(tls_cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._job_store import _check_etcd
-    from phalanx_torch._rendezvous_place import parse_rendezvous
+    from phalanx_torch._nodes.job_store import _check_etcd
+    from phalanx_torch._nodes.rendezvous_place import parse_rendezvous
 
     store = _etcd3.job_store(tls_cluster.endpoints, "/phalanx/tls/store", 30, tls_cluster.access())
     store.set("a", "1")
@@ -338,8 +338,8 @@ def test_over_tls_with_a_client_certificate_the_store_works_and_what_is_missing_
 
 def test_tls_to_a_member_that_speaks_plain_http_is_named(cluster):
     from phalanx_core import UnavailableError
-    from phalanx_torch._job_store import _check_etcd
-    from phalanx_torch._rendezvous_place import parse_rendezvous
+    from phalanx_torch._nodes.job_store import _check_etcd
+    from phalanx_torch._nodes.rendezvous_place import parse_rendezvous
 
     with pytest.raises(
         UnavailableError, match=r"speaks plain HTTP, not TLS: use etcd://, not etcd\+https://"
@@ -373,8 +373,8 @@ def test_a_user_with_its_password_reaches_a_cluster_with_authentication_on(tmp_p
     # Tokens live 2 s here (etcd's default: 300 s idle): a client whose
     # token expired asks for a new one and goes on.
     from phalanx_core import MisconfigurationError, UnavailableError
-    from phalanx_torch._job_store import _check_etcd
-    from phalanx_torch._rendezvous_place import parse_rendezvous
+    from phalanx_torch._nodes.job_store import _check_etcd
+    from phalanx_torch._nodes.rendezvous_place import parse_rendezvous
 
     cluster = Cluster(tmp_path, 1, None, "--auth-token-ttl", "2")
     try:
@@ -464,8 +464,8 @@ def test_a_job_on_two_nodes_meets_in_etcd_over_tls_as_a_user(tmp_path, monkeypat
         # A client certificate with a CommonName, which the gateway refuses
         # while authentication is on, is named with what to do.
         from phalanx_core import UnavailableError
-        from phalanx_torch._job_store import _check_etcd
-        from phalanx_torch._rendezvous_place import parse_rendezvous
+        from phalanx_torch._nodes.job_store import _check_etcd
+        from phalanx_torch._nodes.rendezvous_place import parse_rendezvous
 
         named = url.replace("client.pem", "named.pem").replace("client.key", "named.key")
         monkeypatch.setenv("PHALANX_ETCD_PASSWORD", "pw")
@@ -499,8 +499,8 @@ def test_a_server_that_is_not_etcd_is_named_as_such(tmp_path):
     # A web server where the URL says etcd (a wrong port, a proxy):
     # Python's own, which answers POST with 501 and has no /version.
     from phalanx_core import UnavailableError
-    from phalanx_torch._job_store import _check_etcd
-    from phalanx_torch._rendezvous_place import parse_rendezvous
+    from phalanx_torch._nodes.job_store import _check_etcd
+    from phalanx_torch._nodes.rendezvous_place import parse_rendezvous
 
     (port,) = _free_ports(1)
     server = subprocess.Popen(

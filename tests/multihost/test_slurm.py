@@ -34,7 +34,7 @@ import pytest
 
 from phalanx_core.testing.hosts import Host, TestBed, missing
 from phalanx_core.testing.processes import as_a_terminal_starts_it, scheduler_free_environment
-from phalanx_torch._scheduler_vars import expand_hostlist
+from phalanx_torch._launch.scheduler_vars import expand_hostlist
 
 pytestmark = pytest.mark.subprocess
 

@@ -1,4 +1,4 @@
-"""phalanx's counted rounds (``_counted_rounds.py``) on a real TCPStore on
+"""phalanx's counted rounds (``_nodes/counted_rounds.py``) on a real TCPStore on
 loopback: nodes are threads, each with a client of its own, as each node's
 launching process has one. What the multi-node launches do with them is in
 tests/multihost/test_elastic.py and test_nodes.py."""
@@ -19,7 +19,7 @@ dist = pytest.importorskip("torch.distributed")
 from counting_store import Counted  # noqa: E402
 
 from phalanx_core.launching import hosted_store  # noqa: E402
-from phalanx_torch._counted_rounds import CountedRounds  # noqa: E402
+from phalanx_torch._nodes.counted_rounds import CountedRounds  # noqa: E402
 
 
 @pytest.fixture
@@ -209,7 +209,7 @@ def test_a_rounds_failure_is_counted_once_and_read_the_same_on_every_node(store)
     """Two nodes see round 0 fail: the one that counts it is slow to add to
     the job's count; the other must still read the count with this
     failure in it (read too soon, a job out of restarts restarted once more)."""
-    from phalanx_torch._rounds import _handler_class
+    from phalanx_torch._nodes.rounds import _handler_class
 
     handlers = []
     for slow in (True, False):

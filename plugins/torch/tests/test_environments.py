@@ -301,14 +301,14 @@ def test_lsf_reads_the_rankfile_before_lsb_hosts(monkeypatch, tmp_path):
     ],
 )
 def test_a_host_is_this_one_only_when_its_name_is(monkeypatch, mine, host, same):
-    from phalanx_torch import _scheduler_vars
+    from phalanx_torch._launch import scheduler_vars as _scheduler_vars
 
     monkeypatch.setattr(_scheduler_vars.socket, "gethostname", lambda: mine)
     assert _scheduler_vars._is_this_host(host) is same
 
 
 def test_lsf_with_addresses_for_host_names_finds_its_node(monkeypatch, tmp_path):
-    from phalanx_torch import _scheduler_vars
+    from phalanx_torch._launch import scheduler_vars as _scheduler_vars
 
     monkeypatch.setattr(_scheduler_vars.socket, "gethostname", lambda: "10.10.10.2")
     rankfile = tmp_path / "rankfile"

@@ -1,4 +1,4 @@
-"""The nodes' heartbeats (``_heartbeat.Heartbeat``) on a real ``TCPStore``
+"""The nodes' heartbeats (``_nodes.heartbeat.Heartbeat``) on a real ``TCPStore``
 on loopback, the nodes as threads of this process, with beats a twentieth
 of a second apart: a node that stops beating is named by the node that
 watches it, and only by it; a node that ended its launch well is not; a
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from counting_store import Counted
 
 from phalanx_core.launching import hosted_store
-from phalanx_torch._heartbeat import Heartbeat
+from phalanx_torch._nodes.heartbeat import Heartbeat
 
 BEAT = 0.05
 LOST_AFTER = 1.5  # 30 beats: a thread starved that long under load is rare

@@ -443,7 +443,7 @@ def test_a_ranks_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch
     # while torch's ErrorHandler wrote its error file left it cut short, and
     # elastic's monitor raised JSONDecodeError parsing it (CI, torch 2.14.1,
     # rank0_dies_in_barrier). The file is written beside, then renamed.
-    from phalanx_torch._ranks import record_exception
+    from phalanx_torch._launch.ranks import record_exception
 
     path = tmp_path / "attempt_0" / "1" / "error.json"
     path.parent.mkdir(parents=True)
@@ -504,7 +504,7 @@ def test_one_node_listens_on_loopback_only_script_mode():
 
 def test_the_address_a_node_listens_on():
     from phalanx_core.launching import LOOPBACK, listen_variables
-    from phalanx_torch._listen import interface_of, listen_address
+    from phalanx_torch._launch.listen import interface_of, listen_address
 
     assert listen_address("192.0.2.1", 29500, num_nodes=1) == LOOPBACK
     # Several nodes with a loopback main address (node 0's name mapped to

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from phalanx_core import CollectiveConnectionError, MisconfigurationError
-from phalanx_torch import _listen
+from phalanx_torch._launch import listen as _listen
 from phalanx_torch.collectives import TorchCollective
 
 
@@ -133,7 +133,7 @@ def test_network_describes_the_choice_for_explain(clean):
 def test_a_scheduler_job_s_main_address_is_the_first_node_s_ip_on_every_node(monkeypatch):
     """Slurm and LSF name hosts; node 0's own name may lead to 127.0.1.1
     there, so every node takes node 0's IP address instead."""
-    from phalanx_torch import _scheduler_vars
+    from phalanx_torch._launch import scheduler_vars as _scheduler_vars
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     me = socket.gethostname()

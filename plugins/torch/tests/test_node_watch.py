@@ -1,4 +1,4 @@
-"""The node watch of a job on several nodes (``_node_watch.NodeWatch``),
+"""The node watch of a job on several nodes (``_nodes.node_watch.NodeWatch``),
 on a real ``TCPStore`` on loopback, with the watches of several "nodes" as
 threads of this process: a failure posted on one node reaches every other
 node's blocked wait; a node asks the store nothing while nothing fails;
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from counting_store import Counted
 
 from phalanx_core.launching import RankFailure, hosted_store
-from phalanx_torch import _job_store
-from phalanx_torch._node_watch import NodeWatch
+from phalanx_torch._nodes import job_store as _job_store
+from phalanx_torch._nodes.node_watch import NodeWatch
 
 RAISED = 'Traceback (most recent call last):\n  File "train.py", line 9\nValueError: boom'
 LOST_PEER = (
@@ -283,7 +283,7 @@ _EXITING = textwrap.dedent(
     """
     import datetime, subprocess, sys, time
     import torch.distributed as dist
-    from phalanx_torch._node_watch import NodeWatch
+    from phalanx_torch._nodes.node_watch import NodeWatch
 
     port, server_pid = int(sys.argv[1]), int(sys.argv[2])
     connect = lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
@@ -329,7 +329,7 @@ def test_a_node_exits_cleanly_when_the_store_goes_away_as_it_exits():
 def test_heartbeats_slow_down_with_the_node_count():
     """One beat a second per node, then fewer: from 1,000 nodes on node 0's
     store, from 250 in etcd (each beat a write its members make durable)."""
-    from phalanx_torch._heartbeat import interval_for
+    from phalanx_torch._nodes.heartbeat import interval_for
 
     assert interval_for(2, "c10d") == interval_for(1000, "c10d") == interval_for(250, "etcd") == 1.0
     assert interval_for(4096, "c10d") == 4.096

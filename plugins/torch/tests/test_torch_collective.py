@@ -13,7 +13,7 @@ import torch.distributed as dist
 import phalanx
 from phalanx_core import MisconfigurationError, UnavailableError
 from phalanx_core.testing.contract import CHECKS, check_collective
-from phalanx_torch._c10d_backends import check_backend
+from phalanx_torch._collective.c10d_backends import check_backend
 from phalanx_torch.collectives import TorchCollective
 
 pytestmark = pytest.mark.subprocess

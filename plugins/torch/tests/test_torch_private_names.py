@@ -1,7 +1,7 @@
 """The private names of torch that phalanx-torch uses, each checked against
 the torch installed, so that a release that renames or reshapes one fails
 here, by name, rather than in a job. The launcher's are listed in
-``_elastic_agent.PRIVATE_AGENT_NAMES`` (all used in that module); the others
+``_launch.agent.PRIVATE_AGENT_NAMES`` (all used in that module); the others
 are one a module. CI runs this file on each end of the supported range."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher import api as launcher_api
 
-from phalanx_torch._elastic_agent import PRIVATE_AGENT_NAMES
+from phalanx_torch._launch.agent import PRIVATE_AGENT_NAMES
 
 
 def parameters(function: object) -> list[str]:
@@ -86,7 +86,7 @@ def test_the_agents_private_name_is_as_the_launcher_uses_it(name):
 
 
 def test_the_default_store_of_the_default_group():
-    # _torch_collective (the group's store address) and process_group.
+    # _collective.torch_collective (the group's store address) and process_group.
     assert parameters(dist.distributed_c10d._get_default_store) == []
 
 

@@ -33,7 +33,7 @@ class TorchDistributedCheckpointIO(TorchCheckpointIO):
     and sharded directories (see the module's docstring)."""
 
     def load(self, path: str | os.PathLike[str], *, weights_only: bool = True) -> dict[str, Any]:
-        from ._shard_files import METADATA, finish_interrupted_swap
+        from ._checkpoint.shard_files import METADATA, finish_interrupted_swap
 
         target = Path(path)
         finish_interrupted_swap(path)  # a sharded save killed while it swapped its checkpoint in
@@ -75,7 +75,7 @@ def read_whole(path: str | os.PathLike[str], *, weights_only: bool) -> dict[str,
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from ._shard_files import (
+    from ._checkpoint.shard_files import (
         LoadPlanner,
         check_shard_files,
         first_line,

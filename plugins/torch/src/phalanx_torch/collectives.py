@@ -8,7 +8,7 @@ code of one's own, find them (``phalanx_torch.collectives:TorchCollective``).
 
 from __future__ import annotations
 
-from ._single_device_collective import SingleDeviceCollective
-from ._torch_collective import TorchCollective
+from ._collective.single_device_collective import SingleDeviceCollective
+from ._collective.torch_collective import TorchCollective
 
 __all__ = ["SingleDeviceCollective", "TorchCollective"]

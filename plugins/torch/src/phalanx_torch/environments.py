@@ -23,8 +23,8 @@ from typing import ClassVar
 
 from phalanx_core import ClusterEnvironment, MisconfigurationError
 
-from ._ranks import MIN_NODES_VAR
-from ._scheduler_vars import (
+from ._launch.ranks import MIN_NODES_VAR
+from ._launch.scheduler_vars import (
     _LOOPBACK,
     _address,
     _check_layout,

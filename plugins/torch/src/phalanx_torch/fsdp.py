@@ -10,8 +10,8 @@ class becomes ``FSDP<Name>``), so there is no wrapper to unwrap.
 Checkpoints are either sharded (a :mod:`torch.distributed.checkpoint`
 directory: each rank writes its own shards, and a job with another number of
 ranks can read them) or full (one ordinary ``torch.save`` file written by
-rank 0, readable by every other strategy): written by ``_fsdp_save``, read
-by ``_fsdp_load``, the sharded directory's files checked by ``_shard_files``.
+rank 0, readable by every other strategy): written by ``_checkpoint.fsdp_save``, read
+by ``_checkpoint.fsdp_load``, the sharded directory's files checked by ``_checkpoint.shard_files``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from torch.distributed.utils import _sync_module_states
 
 from phalanx_core import MisconfigurationError, SaveHandle
 
-from . import _fsdp_load, _fsdp_save
-from ._shard_files import some
+from ._checkpoint import fsdp_load, fsdp_save
+from ._checkpoint.shard_files import some
 from .strategies import TorchGroupStrategy
 
 __all__ = ["FSDPStrategy"]
@@ -321,7 +321,7 @@ class FSDPStrategy(TorchGroupStrategy):
         :mod:`phalanx_core.saving`'s; the background writers talk through a
         gloo group of their own, made by the first such save).
         """
-        return _fsdp_save.save(self, path, state, blocking=blocking)
+        return fsdp_save.save(self, path, state, blocking=blocking)
 
     def load_checkpoint(
         self,
@@ -343,7 +343,7 @@ class FSDPStrategy(TorchGroupStrategy):
         With ``weights_only`` nothing but tensors and plain data is
         unpickled. Every rank must call it.
         """
-        return _fsdp_load.load(self, path, state, strict=strict, weights_only=weights_only)
+        return fsdp_load.load(self, path, state, strict=strict, weights_only=weights_only)
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ whole launch, and tell the ranks to join it as clients
 (``TORCHELASTIC_USE_AGENT_STORE=True``, read by torch's ``env://``
 rendezvous); ``subprocess`` does the same through elastic's agent.
 
-**Where a job listens** (see :mod:`phalanx_torch._listen`): on one node, the
+**Where a job listens** (see :mod:`phalanx_torch._launch.listen`): on one node, the
 store and the ranks' gloo listen on ``127.0.0.1`` only; on several, on the
 address that reaches node 0, not on every interface.
 
@@ -61,9 +61,9 @@ if TYPE_CHECKING:
 
     from phalanx_core import ClusterEnvironment
 
-from ._elastic import SubprocessLauncher, _variables
-from ._listen import one_thread
-from ._ranks import (
+from ._launch.elastic import SubprocessLauncher, _variables
+from ._launch.listen import one_thread
+from ._launch.ranks import (
     _LAUNCHES,
     RESULTS_DIR_VAR,
     T,
@@ -228,7 +228,7 @@ class MultiprocessingLauncher(Launcher):
         ctx: Any = mp.get_context(self.start_method)
         size = self.num_processes
         # Kept alive until every rank has finished: the ranks' rendezvous,
-        # on loopback only, as the ranks' gloo (see _listen).
+        # on loopback only, as the ranks' gloo (see _launch/listen.py).
         store = hosted_store(LOOPBACK, wait_for_workers=False)
         common = {**listen_variables(LOOPBACK), **one_thread(size)}
         procs: list[BaseProcess] = []

@@ -111,9 +111,9 @@ class Heartbeat:
             here = self._round
         if here is None:
             return
-        from . import _etcd3
+        from . import etcd3
 
-        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+        with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             self._connection().add(self._key(here[0], here[1], "beats"), _DONE)
 
     def close(self) -> None:

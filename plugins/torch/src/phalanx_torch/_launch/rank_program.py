@@ -1,5 +1,5 @@
 """What every rank of ``phalanx run`` and of the ``subprocess`` launcher runs:
-``python -m phalanx_torch._rank_program SCRIPT ARGS...`` (or ``-m MODULE
+``python -m phalanx_torch._launch.rank_program SCRIPT ARGS...`` (or ``-m MODULE
 ARGS...``): core's :mod:`phalanx_core.launching.rank_program` (the rank dies
 with its launching process, Ctrl-C ends it quietly, a program that raises
 leaves at once, one that ends leaves without Python's finalization), plus
@@ -29,7 +29,7 @@ def _record(exc: BaseException) -> None:
     if not path or os.path.exists(path):
         return
     with contextlib.suppress(Exception):
-        from ._ranks import record_exception
+        from .ranks import record_exception
 
         record_exception(exc)
 

@@ -77,7 +77,7 @@ PREFIX = "phalanx/rdzv"
 class CountedRounds:
     """The rounds of one node (see the module's text). The interface is the
     part of elastic's ``RendezvousHandler`` that
-    :class:`~phalanx_torch._rounds` uses: ``next_rendezvous`` gives
+    :class:`~phalanx_torch._nodes.rounds` uses: ``next_rendezvous`` gives
     ``(store of the round, node rank, number of nodes, this node's address)``
     and raises elastic's ``RendezvousTimeoutError`` and
     ``RendezvousClosedError``."""

@@ -1,5 +1,5 @@
 """Rounds of a job of several nodes that restarts: membership and
-``MIN:MAX`` nodes, met by phalanx's counted rounds (:mod:`._counted_rounds`)
+``MIN:MAX`` nodes, met by phalanx's counted rounds (:mod:`.counted_rounds`)
 on a store that either node 0 hosts or an etcd cluster keeps, with a new
 store for the ranks of every round.
 
@@ -39,8 +39,8 @@ from typing import Any
 
 from phalanx_core.launching import hosted_store
 
-from ._job_store import job_store
-from ._rendezvous_place import RendezvousPlace
+from .job_store import job_store
+from .rendezvous_place import RendezvousPlace
 
 __all__ = ["ELASTIC", "register"]
 
@@ -72,7 +72,7 @@ def _create(params: Any) -> Any:
     place: RendezvousPlace = config["place"]
     timeout = float(config["timeout"])
     store = config.get("store") or job_store(place, host=None, timeout=timeout)
-    from ._counted_rounds import CountedRounds
+    from .counted_rounds import CountedRounds
 
     # The same rounds on both stores: counters on node 0's store, and in
     # etcd (whose store counts with its compare-and-swap).
@@ -113,7 +113,7 @@ def _handler_class() -> type:
         and the job's restart count kept in the job's store."""
 
         #: Where lines about the wait go, and the launch's shared facts
-        #: (:class:`~phalanx_torch._ledger.JobLedger`; the launcher sets them).
+        #: (:class:`~phalanx_torch._nodes.ledger.JobLedger`; the launcher sets them).
         say: Any = None
         ledger: Any = None
         #: This node's launching process hosts the job's store.
@@ -291,12 +291,12 @@ def _handler_class() -> type:
             # etcd, asked every monitor interval while the ranks train: if
             # the cluster cannot answer, the job goes on (no node joins
             # until it can), said once, rather than end at the patience's end.
-            from . import _etcd3
+            from . import etcd3
 
             try:
-                with _etcd3.briefly():
+                with etcd3.briefly():
                     waiting = int(read())
-            except _etcd3.EtcdUnavailable as exc:
+            except etcd3.EtcdUnavailable as exc:
                 if not self._etcd_silent and self.say is not None:
                     self.say(
                         f"{self._place_text} does not answer ({exc}); the ranks train on, but no node "
@@ -317,10 +317,10 @@ def _handler_class() -> type:
             self._round_store = None
             if self._keep_open:
                 return True
-            from . import _etcd3
+            from . import etcd3
 
             # The job's store may be gone (node 0), or etcd not answer: the job is over either way.
-            with contextlib.suppress(Exception), _etcd3.briefly():
+            with contextlib.suppress(Exception), etcd3.briefly():
                 return bool(self._inner.shutdown())
             return False
 

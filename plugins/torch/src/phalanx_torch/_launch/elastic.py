@@ -39,7 +39,21 @@ from phalanx_core.launching import (
     worker_failed,
 )
 
-from ._elastic_agent import (
+from .._nodes.elastic_rendezvous import (
+    ONE_NODE,
+    STATIC,
+    create_one_node_rendezvous,
+    create_static_rendezvous,
+    register_rendezvous,
+)
+from .._nodes.heartbeat import LOST_AFTER, Heartbeat, interval_for
+from .._nodes.job_store import allow_connections, job_store
+from .._nodes.ledger import JobLedger
+from .._nodes.node_watch import NodeWatch
+from .._nodes.rendezvous_place import RendezvousPlace, parse_rendezvous
+from .._nodes.rounds import register as register_rounds
+from ..environments import node_rank_needed
+from .agent import (
     agent_class,
     failures_of,
     print_elsewhere,
@@ -51,19 +65,8 @@ from ._elastic_agent import (
     stopped_words,
     store_lost_errors,
 )
-from ._elastic_rendezvous import (
-    ONE_NODE,
-    STATIC,
-    create_one_node_rendezvous,
-    create_static_rendezvous,
-    register_rendezvous,
-)
-from ._heartbeat import LOST_AFTER, Heartbeat, interval_for
-from ._job_store import allow_connections, job_store
-from ._ledger import JobLedger
-from ._listen import listen_address, one_thread
-from ._node_watch import NodeWatch
-from ._ranks import (
+from .listen import listen_address, one_thread
+from .ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
     _LAUNCHES,
@@ -72,10 +75,7 @@ from ._ranks import (
     T,
     _run_here,
 )
-from ._rendezvous_place import RendezvousPlace, parse_rendezvous
-from ._rounds import register as register_rounds
-from ._scheduler_vars import _int_var
-from .environments import node_rank_needed
+from .scheduler_vars import _int_var
 
 __all__ = ["SubprocessLauncher"]
 
@@ -146,7 +146,7 @@ class SubprocessLauncher(Launcher):
             machine swapping) for lost.
 
     One node (like ``torchrun --standalone``): a rendezvous of
-    :mod:`._elastic_rendezvous` that gives every round, the first and each
+    :mod:`.._nodes.elastic_rendezvous` that gives every round, the first and each
     restart, a new TCPStore listening on ``127.0.0.1`` (or ``listen_on``)
     only, on a port the kernel gives; the agent keeps it and the ranks join
     it as clients, and their gloo listens there too. Several nodes: start the same
@@ -154,9 +154,9 @@ class SubprocessLauncher(Launcher):
     or etcd, the nodes meet once at the environment's ``main_address`` /
     ``main_port`` (``MASTER_ADDR`` / ``MASTER_PORT``), on a store node 0
     hosts, listening (as the ranks' gloo) on the address this node reaches
-    the main address from (see :mod:`._listen`); with any of them they meet
-    in rounds (:mod:`._rounds`). Either way a failure on one node stops the
-    ranks of every node within seconds (:mod:`._node_watch`), and every node
+    the main address from (see :mod:`.listen`); with any of them they meet
+    in rounds (:mod:`.._nodes.rounds`). Either way a failure on one node stops the
+    ranks of every node within seconds (:mod:`.._nodes.node_watch`), and every node
     names the same rank as the one that failed first.
     """
 
@@ -514,7 +514,7 @@ class SubprocessLauncher(Launcher):
     @property
     def elastic(self) -> bool:
         """Whether the nodes meet in rounds that may restart or change size
-        (:mod:`._rounds`): on several
+        (:mod:`.._nodes.rounds`): on several
         nodes with ``max_restarts``, ``min_nodes`` below ``num_nodes``, or
         a rendezvous in etcd. Else several nodes meet once, in elastic's
         static rendezvous, each with the rank it was given."""
@@ -592,7 +592,7 @@ class SubprocessLauncher(Launcher):
 
     def _rendezvous(self) -> dict[str, Any]:
         """LaunchConfig's rendezvous fields, and under ``"listen"`` the
-        address this node's sockets listen on (see :mod:`._listen`)."""
+        address this node's sockets listen on (see :mod:`.listen`)."""
         timeout = int(self.rendezvous_timeout)
         if self.elastic:
             return self._rounds(timeout)
@@ -620,7 +620,7 @@ class SubprocessLauncher(Launcher):
         }
 
     def _rounds(self, timeout: int) -> dict[str, Any]:
-        """The rendezvous of a job in rounds (:mod:`._rounds`)."""
+        """The rendezvous of a job in rounds (:mod:`.._nodes.rounds`)."""
         place = self._place()
         host, port = place.endpoints[0]
         listen = listen_address(host, port, self.num_nodes)
@@ -738,8 +738,8 @@ def _script_command() -> list[str]:
     return [*_interpreter_options(len(target)), *_RANK_PROGRAM, *target, *sys.argv[1:]]
 
 
-#: What every rank runs before the program (see :mod:`phalanx_torch._rank_program`).
-_RANK_PROGRAM = ("-m", "phalanx_torch._rank_program")
+#: What every rank runs before the program (see :mod:`phalanx_torch._launch.rank_program`).
+_RANK_PROGRAM = ("-m", "phalanx_torch._launch.rank_program")
 
 
 def _interpreter_options(target_length: int) -> list[str]:

@@ -27,7 +27,7 @@ class RendezvousPlace:
     kind: str
     endpoints: tuple[tuple[str, int], ...]
     name: str
-    #: How the etcd members are reached (``_etcd3.Access``: TLS, a user).
+    #: How the etcd members are reached (``etcd3.Access``: TLS, a user).
     access: Any = None
 
     @property
@@ -88,9 +88,9 @@ def parse_rendezvous(value: str | None, main_address: str, main_port: int) -> Re
 
 
 def _etcd_access(value: str, tls: bool, query: str) -> Any:
-    """The ``_etcd3.Access`` that an etcd rendezvous' scheme and query
+    """The ``etcd3.Access`` that an etcd rendezvous' scheme and query
     parameters ask for; what is wrong with them, named."""
-    from . import _etcd3
+    from . import etcd3
 
     try:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
@@ -132,4 +132,4 @@ def _etcd_access(value: str, tls: bool, query: str) -> Any:
             f"launcher 'subprocess': rendezvous={value!r}: user={user!r} needs its password in "
             f"{ETCD_PASSWORD_VAR}, on every node (not in the URL, which every user of the host can see)"
         )
-    return _etcd3.Access(tls=tls, user=user, password=password, **files)
+    return etcd3.Access(tls=tls, user=user, password=password, **files)

@@ -1,5 +1,5 @@
 """The job's store that outlives its rounds, on either place
-(:mod:`._rendezvous_place`): node 0's ``TCPStore``, hosted by node 0's
+(:mod:`.rendezvous_place`): node 0's ``TCPStore``, hosted by node 0's
 launching process or reached from the others, or the job's keys in an
 etcd cluster, whose members are checked first (and what is wrong with
 them named); and the open-file limit that node 0's store needs. Imports
@@ -13,7 +13,7 @@ from typing import Any
 from phalanx_core import UnavailableError
 from phalanx_core.launching import hosted_store
 
-from ._rendezvous_place import ETCD_PASSWORD_VAR, RendezvousPlace
+from .rendezvous_place import ETCD_PASSWORD_VAR, RendezvousPlace
 
 __all__ = ["allow_connections", "job_store"]
 
@@ -21,14 +21,14 @@ __all__ = ["allow_connections", "job_store"]
 def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
     """The job's store that outlives its rounds: node 0's ``TCPStore``
     (hosted here, listening on ``host``, where ``host`` is not None; a
-    client elsewhere), or a store in the etcd cluster (:mod:`._etcd3`)."""
+    client elsewhere), or a store in the etcd cluster (:mod:`.etcd3`)."""
     import torch.distributed as dist
 
     if place.kind == "etcd":
-        from . import _etcd3
+        from . import etcd3
 
         _check_etcd(place, timeout)
-        return _etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
+        return etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
     if host is not None:
@@ -45,15 +45,15 @@ ETCD_START_WAIT = 30.0
 def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
     """Raise what to do unless a member of the etcd cluster answers a read
     on its v3 API within ``min(timeout, ETCD_START_WAIT)`` seconds."""
-    from . import _etcd3
+    from . import etcd3
 
     wait = min(timeout, ETCD_START_WAIT)
-    access = place.access or _etcd3.PLAIN
+    access = place.access or etcd3.PLAIN
     try:
-        _etcd3.check_reachable(place.endpoints, wait, access)
-    except _etcd3.EtcdTLSError as exc:
+        etcd3.check_reachable(place.endpoints, wait, access)
+    except etcd3.EtcdTLSError as exc:
         raise UnavailableError(f"rendezvous in etcd ({place.endpoint}): {exc}") from None
-    except _etcd3.EtcdRequestError as exc:
+    except etcd3.EtcdRequestError as exc:
         if "CommonName of client" in str(exc):
             raise UnavailableError(
                 f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): with "
@@ -72,16 +72,16 @@ def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
             raise UnavailableError(
                 f"rendezvous in etcd ({place.endpoint}): etcd refused the job's first read ({exc}): {what}"
             ) from None
-        answered = _etcd3.versions(place.endpoints, access)
+        answered = etcd3.versions(place.endpoints, access)
         found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
         raise UnavailableError(
             f"rendezvous in etcd ({place.endpoint}): {found or 'a server'} answered, but not on etcd's "
             f"v3 API (its JSON gateway at /v3/, which etcd 3.4 and later serve): {exc}. Use etcd 3.4 "
             "or later, or meet on node 0's store instead (--rendezvous c10d)"
         ) from None
-    except _etcd3.EtcdUnavailable as exc:
+    except etcd3.EtcdUnavailable as exc:
         members = ", ".join(f"{host}:{port}" for host, port in place.endpoints)
-        tls = [] if access.tls else _etcd3.speaks_tls(place.endpoints)
+        tls = [] if access.tls else etcd3.speaks_tls(place.endpoints)
         if tls:
             raise UnavailableError(
                 f"rendezvous in etcd ({place.endpoint}): {', '.join(tls)} "
@@ -89,7 +89,7 @@ def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
                 "reach the members with etcd+https://..., with ?cacert=PATH (and cert=PATH&key=PATH "
                 "where they ask for a client certificate)"
             ) from None
-        answered = _etcd3.versions(place.endpoints, access)
+        answered = etcd3.versions(place.endpoints, access)
         if answered:
             found = ", ".join(f"etcd {version} at {member}" for member, version in answered.items())
             raise UnavailableError(

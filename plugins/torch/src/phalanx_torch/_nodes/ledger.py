@@ -30,7 +30,7 @@ class JobLedger:
 
     def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.say = say
-        #: The rounds' handler (``_rounds.RoundRendezvous``), or ``None``.
+        #: The rounds' handler (``rounds.RoundRendezvous``), or ``None``.
         self.rounds: Any = None
         self._met = threading.Event()
         self._rounds: list[tuple[int, int]] = []

@@ -28,8 +28,9 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from phalanx_core import MisconfigurationError, check_module_keys
 from phalanx_core.checkpoint import check_module_shapes
 
-from ._fsdp_save import split_state
-from ._shard_files import (
+from ..checkpoint_io import per_rank_directory_error
+from .fsdp_save import split_state
+from .shard_files import (
     METADATA,
     LoadPlanner,
     check_shard_files,
@@ -42,7 +43,6 @@ from ._shard_files import (
     saved_paths,
     saved_shapes,
 )
-from .checkpoint_io import per_rank_directory_error
 
 
 def load(

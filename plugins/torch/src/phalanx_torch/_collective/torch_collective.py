@@ -31,12 +31,12 @@ from phalanx_core import (
 from phalanx_core.accelerator import Accelerator
 from phalanx_core.launching import LINES_PREFIXED_VAR
 
-from . import _listen
-from ._c10d_backends import bound_device, check_backend, check_backend_moves
-from ._c10d_errors import left_barrier, translate
-from ._c10d_store import StoreBoard, compare_plans, open_board, tcp_address
-from ._torch_versions import gloo_connection_lines_hidden
-from ._torch_work import TorchWork
+from .._launch import listen
+from .._torch_versions import gloo_connection_lines_hidden
+from .c10d_backends import bound_device, check_backend, check_backend_moves
+from .c10d_errors import left_barrier, translate
+from .c10d_store import StoreBoard, compare_plans, open_board, tcp_address
+from .torch_work import TorchWork
 
 #: Set-ups of a default group in this process; every rank counts the same.
 _SETUPS = itertools.count()
@@ -147,7 +147,7 @@ class TorchCollective(Collective):
                         # The main address leads to loopback here (this is
                         # its host, and its name maps to 127.0.1.1): take
                         # the interface that has the address the others use.
-                        found = _listen.main_host_network(seen_as, backend)
+                        found = listen.main_host_network(seen_as, backend)
                         if found is not None:
                             os.environ.update(found.variables)
                 with gloo_connection_lines_hidden():
@@ -183,14 +183,14 @@ class TorchCollective(Collective):
         if world_size == 1:
             return "one rank: no connections to other ranks"
         try:
-            choice = _listen.choose_network(main_address, main_port, backend.lower(), self._interface)
+            choice = listen.choose_network(main_address, main_port, backend.lower(), self._interface)
         except ValueError as exc:
             return f"refused: {exc}"
         return choice.describe(backend.lower())
 
-    def _network(self, environment: ClusterEnvironment, backend: str) -> _listen.Network:
+    def _network(self, environment: ClusterEnvironment, backend: str) -> listen.Network:
         try:
-            choice = _listen.choose_network(
+            choice = listen.choose_network(
                 environment.main_address, environment.main_port, backend, self._interface
             )
         except ValueError as exc:
@@ -203,7 +203,7 @@ class TorchCollective(Collective):
         return choice
 
     def _check_plan(
-        self, store: Any, environment: ClusterEnvironment, backend: str, network: _listen.Network | None
+        self, store: Any, environment: ClusterEnvironment, backend: str, network: listen.Network | None
     ) -> str | None:
         """Compare the plans of every node through the rendezvous store,
         before the group is made (:func:`compare_plans`); returns the

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx_core.launching import RankFailure, root_cause
 
-from ._ledger import JobLedger
+from .ledger import JobLedger
 
 if TYPE_CHECKING:
-    from ._heartbeat import Heartbeat
+    from .heartbeat import Heartbeat
 
 #: What a node posts, in place of a failure, to wake its own watch as its
 #: launch ends: well (every node's watch leaves), or otherwise (the others
@@ -145,9 +145,9 @@ class NodeWatch:
         with a C++ stack for each."""
         if self.connect is None or self.num_nodes == 1:
             return
-        from . import _etcd3
+        from . import etcd3
 
-        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+        with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
             if not self.hosts_store:
                 store.add("left", 1)
@@ -172,9 +172,9 @@ class NodeWatch:
         with self._signal_lock:
             if self._stop.is_set():
                 return
-        from . import _etcd3
+        from . import etcd3
 
-        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+        with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
             text = f"{self.me} {json.dumps(failure.to_dict())}"
             store.set(f"post/{store.add('posts', 1)}", text)
@@ -310,9 +310,9 @@ class NodeWatch:
             waiting = self._waiting
         if not waiting or self._thread is None:
             return
-        from . import _etcd3  # a store in etcd that cannot answer: the launch ends all the same
+        from . import etcd3  # a store in etcd that cannot answer: the launch ends all the same
 
-        with contextlib.suppress(RuntimeError, ValueError, OSError), _etcd3.briefly():
+        with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
             store.set(f"post/{store.add('posts', 1)}", f"{self.me} {_ENDED if ended else _WOKEN}")
         self._thread.join(self.HOLD)

@@ -21,9 +21,9 @@ from typing import Any
 
 from phalanx_core.launching import RankFailure, root_cause, signal_name
 
-from ._heartbeat import Heartbeat
-from ._ledger import JobLedger
-from ._ranks import RESULTS_DIR_VAR
+from .._nodes.heartbeat import Heartbeat
+from .._nodes.ledger import JobLedger
+from .ranks import RESULTS_DIR_VAR
 
 #: The private names of torch elastic's agent that the launcher overrides
 #: or reads, all in this module; ``plugins/torch/tests/test_torch_private_
@@ -100,10 +100,10 @@ def agent_class(
     is this subclass, which says each restart and the rank that caused it
     (:func:`_say_restart`; elastic's own log line names the rank its
     whole-second timestamps make first, often a rank it stopped itself),
-    and, for a job in rounds (:mod:`._rounds`), counts restarts for the
+    and, for a job in rounds (:mod:`.._nodes.rounds`), counts restarts for the
     job rather than for this node and gives the ranks their node's rank in
     the round (``NODE_RANK``); with ``heartbeat``, a node that stops
-    beating (:mod:`._heartbeat`) fails the round like a failed rank."""
+    beating (:mod:`.._nodes.heartbeat`) fails the round like a failed rank."""
     if not max_restarts and not elastic:
         yield
         return
@@ -120,7 +120,7 @@ def agent_class(
 
         @staticmethod
         def _rounds() -> Any:
-            """The rounds' handler (:mod:`._rounds`), where the job meets in rounds."""
+            """The rounds' handler (:mod:`.._nodes.rounds`), where the job meets in rounds."""
             return ledger.rounds
 
         #: The node that stopped beating, as the heartbeat said it: (node rank, host).
@@ -195,11 +195,11 @@ def agent_class(
             # Through the job's store: in etcd, a cluster that cannot answer
             # costs the job's end 2 s, not a request's full patience (60 s;
             # elastic logs a barrier that fails, and the job ends as it would).
-            from . import _etcd3
+            from .._nodes import etcd3
 
             if heartbeat is not None:
                 heartbeat.done()  # the others finishing do not take this node for lost
-            with _etcd3.briefly():
+            with etcd3.briefly():
                 super()._exit_barrier()
 
         def _restart_workers(self, worker_group: Any) -> None:
@@ -365,7 +365,7 @@ def print_elsewhere(failure: RankFailure) -> None:
 
 def print_if_shortened(failure: RankFailure) -> None:
     """This node's rank whose failure is the job's first, if it wrote its
-    error's last line only (it lost a peer: see ``_rank_program``): its
+    error's last line only (it lost a peer: see ``rank_program``): its
     whole traceback, from its error file, marked as its own lines are."""
     if failure.raised and failure.lost_a_peer:
         _print_traceback(failure, "(its traceback, which it left out above: no rank failed before it)")

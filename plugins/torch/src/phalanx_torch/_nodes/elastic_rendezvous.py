@@ -1,5 +1,5 @@
 """The rendezvous of a job of the ``subprocess`` launcher that does not meet
-in rounds (:mod:`._rounds` is the other): every node once, on node 0's
+in rounds (:mod:`.rounds` is the other): every node once, on node 0's
 store (``phalanx-static``), or one node alone (``phalanx-one-node``),
 registered as torch elastic rendezvous handlers. Imports no torch at import
 time."""
@@ -12,9 +12,9 @@ from typing import Any
 
 from phalanx_core.launching import LOOPBACK, hosted_store
 
-from ._arrivals import meet
-from ._ledger import JobLedger
-from ._listen import listen_address
+from .._launch.listen import listen_address
+from .arrivals import meet
+from .ledger import JobLedger
 
 ONE_NODE = "phalanx-one-node"
 STATIC = "phalanx-static"
@@ -47,12 +47,12 @@ def _static_rendezvous_class() -> type:
     class StaticRendezvous(StaticTCPRendezvous):
         """Elastic's static rendezvous (several nodes; node 0's agent hosts
         the store), with node 0's store listening on the address the other
-        nodes reach it by (see :mod:`._listen`), not on every interface."""
+        nodes reach it by (see :mod:`.._launch.listen`), not on every interface."""
 
         def get_backend(self) -> str:
             return STATIC
 
-        #: The launch's shared facts (:class:`~phalanx_torch._ledger.JobLedger`):
+        #: The launch's shared facts (:class:`~phalanx_torch._nodes.ledger.JobLedger`):
         #: where lines go, and who keeps node 0's store once made, after
         #: elastic has dropped this handler, until the node watch has left.
         ledger: JobLedger | None = None

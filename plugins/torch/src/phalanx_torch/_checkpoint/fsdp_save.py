@@ -27,8 +27,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from phalanx_core import MisconfigurationError, SaveHandle
 
-from ._shard_files import beside, swap_in, whole
-from .checkpoint_io import optimizer_state_by_index
+from ..checkpoint_io import optimizer_state_by_index
+from .shard_files import beside, swap_in, whole
 
 
 def save(
@@ -134,7 +134,7 @@ def _checkpoint_group(strategy: Any) -> Any:
     if group is None:
         import torch.distributed as dist
 
-        from ._torch_versions import gloo_connection_lines_hidden
+        from .._torch_versions import gloo_connection_lines_hidden
 
         with gloo_connection_lines_hidden():
             group = dist.new_group(backend="gloo")
