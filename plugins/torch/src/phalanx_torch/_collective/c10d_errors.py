@@ -52,7 +52,10 @@ def translate(exc: BaseException, operation: str, *, where: str, timeout: float)
         )
     closed = None if _TIMED_OUT.search(message) else _CLOSED.search(message)
     if closed:
-        at = f" at {closed.group('address')}" if closed.group("address") else ""
+        # The host only: gloo's pair names its peer's port with its bytes
+        # swapped (torch 2.13: 58084 for the peer's 58594, as ss showed it).
+        address = closed.group("address")
+        at = f" at {address.rsplit(':', 1)[0].strip('[]')}" if address else ""
         hint = f" {EVERY_RANK_CALLS}" if operation == "barrier" else ""
         return CollectiveConnectionError(
             f"{operation}() on the 'torch' collective ({where}) lost its connection to the rank{at}: "

@@ -69,6 +69,7 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
         if first.raised and first.lost_a_peer:
             # The likeliest cause is the one this node's ranks cannot see.
             said = _GLOO_SOURCE.sub("", _GLOO_ADVICE.sub("", last[0])) if last else ""
+            said = _GLOO_PEER_PORT.sub(r"\1", said)
             what = (
                 f"rank {first.rank} lost a peer ({how}{': ' + said if said else ''}); no rank of "
                 "this node failed of itself: the cause is on another node (its output names the rank), "
@@ -84,6 +85,9 @@ def _say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ra
 #: source it was raised, and its advice to read the other worker's logs.
 _GLOO_SOURCE = re.compile(r"\[[^\]\s]*gloo/[^\]\s]*:\d+\] ")
 _GLOO_ADVICE = re.compile(r"\. This is typically caused by a remote worker crashing\..*$")
+#: The port gloo names a lost peer by: its bytes swapped (torch 2.13's
+#: gloo printed 58084 for a peer whose socket ss showed on 58594).
+_GLOO_PEER_PORT = re.compile(r"(by peer \[[^\]\s]+\]):\d+")
 
 
 @contextlib.contextmanager
