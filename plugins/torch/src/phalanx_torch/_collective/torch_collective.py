@@ -648,8 +648,8 @@ def _await_connections(store: Any, prefix: str, size: int, timeout: datetime.tim
     connects to a peer is done when it has written to the socket, before the
     peer has read it: that rank could go on, end its group (or its process)
     and close the socket while the peer still sets up, which then fails with
-    "Connection closed by peer" (seen with a script that calls no
-    collective, on a loaded machine: once in 60 two-rank jobs)."""
+    "Connection closed by peer" (a script that calls no collective ends that
+    soon)."""
     if int(store.add(f"{prefix}/connected", 1)) == size:
         store.set(f"{prefix}/connected/all", "1")
     else:
