@@ -16,8 +16,8 @@ only when an all-reduce with it times out: ``--replica-timeout``).
 Workload: ``bench/ddp_ft_train.py`` (a small MLP, ``--pad`` seconds of
 sleep in each step, one line per step; its batches from ``setup_dataloader``,
 or with ``--own-loader`` from its own ``DataLoader``, for the ``ddp_ft``
-jobs: then the step's quorum is awaited in its all-reduce, overlapping the
-step, not before its batch is dealt). Four jobs, one after the other:
+jobs; either way a step computes while its quorum forms and waits for it
+in its all-reduce). Four jobs, one after the other:
 
 * ``ddp_ft``: ``phalanx run --strategy ddp_ft --replica-groups G --devices 1
   --max-restarts 1``; once group 0 has done ``--kill-at`` steps group 1's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from phalanx_core import MisconfigurationError
@@ -18,45 +18,59 @@ class QuorumLoader:
 
     The job reads each epoch's order (the dataset shuffled with seed
     ``epoch``, as ``DistributedSampler`` shuffles it, or in order) from a
-    position the groups share. A step takes the next ``P x R x B`` samples,
-    where ``P`` is the number of groups taking part in the step (its
-    quorum, known when the step starts), ``R`` the ranks of a group and
-    ``B`` the loader's batch size, and deals them out as
-    ``DistributedSampler`` deals an epoch: rank ``r`` of the ``p``-th group
-    in the step gets every ``P x R``-th sample from ``p x R + r`` on.
+    place the groups share: the samples given back (below), then the
+    order from :attr:`position` on. A step takes the next ``M x R x B``
+    samples of it, where ``M`` is the number of groups in the last quorum
+    this rank saw (the members of the previous step's quorum, healing ones
+    included: a step's groups as far as anyone can know when it starts),
+    ``R`` the ranks of a group and ``B`` the loader's batch size, and deals
+    them out as ``DistributedSampler`` deals an epoch: rank ``r`` of the
+    ``m``-th member (TorchFT's order of the quorum's replicas) gets every
+    ``M x R``-th sample from ``m x R + r`` on. So a step's batch is known
+    before the step's quorum: the group computes while the quorum forms,
+    as TorchFT's own loop does.
 
-    The position moves only when TorchFT commits the step. A step that is
-    dropped (a group was lost in it) gives back its samples: the next step
-    deals them out again, over the groups that are left. A group that heals
-    takes its peers' position with their weights. So each sample of an
-    epoch is in exactly one committed step, except at the epoch's end:
-    where the last samples do not fill a step, every rank of it gets the
-    same smaller batch and a few samples from the epoch's start fill the
-    last batches (fewer than ``P x R``; ``drop_last`` drops the samples that
-    do not fill a batch on every rank instead).
-
-    A group that heals is given a batch it does not train on (TorchFT
-    zeroes its gradients in that step) and takes its peers' position with
-    their weights.
+    When the step's verdict comes, the groups learn together (one small
+    all-reduce across the groups, in ``optimizer_step``) which members'
+    shares were trained: those of the groups that took part in the step. A
+    committed step takes its samples; the shares of members that were not
+    in it (a group lost, or one that fell behind and heals) are given back,
+    and the next steps deal them out first. A step that is dropped gives
+    back all its samples. Where the groups of a step dealt from different
+    quorums (a group that restarted from a checkpoint at the job's step, so
+    with no last quorum, beside ones that had one) the step's samples
+    cannot be told apart: the step is dropped on every group and dealt
+    again. A group that heals takes its peers' place with their weights
+    (the batch it was given in that step is not trained on: TorchFT zeroes
+    its gradients). So each sample of an epoch is in exactly one committed
+    step, except at the epoch's end: where the last samples do not fill a
+    step, every rank of it gets the same smaller batch and a few samples
+    from the epoch's start fill the last batches (fewer than ``M x R``;
+    ``drop_last`` drops the samples that do not fill a batch on every rank
+    instead).
 
     Iterating gives the rest of the job's current epoch, then the loader
     moves to the next one: :attr:`epoch` is the job's epoch (a healed group
     takes it from its peers), so a loop over epochs is ``while loader.epoch
     < epochs: for batch in loader: ...``. The state (:meth:`state_dict`,
-    for checkpoints) is that of phalanx's other loaders: a checkpoint of a
-    ``ddp`` job goes on under ``ddp_ft`` and the other way round.
+    for checkpoints) is that of phalanx's other loaders plus the samples
+    given back and not yet trained (``"given_back"``): a checkpoint of a
+    ``ddp`` job goes on under ``ddp_ft``, and the other way round (where a
+    ``ddp`` loader, which knows no samples given back, leaves those out of
+    the epoch: fewer than a step's worth for each group lost in the last
+    steps before the checkpoint).
 
     With ``num_workers=0`` a step's batch is read in the training process
-    when the step starts: its samples are not known before its quorum. With
-    workers, the batches of the next steps are read ahead on the guess that
-    they have the quorum of the step in hand and are committed (the common
-    case: a step changes only when a group is lost or comes back); a step
-    whose samples are not those guessed (a dropped step, a lost group, a
-    healed position, a new epoch) has its workers' reads thrown away and
-    read again from where the job is. The workers are the DataLoader's own
-    (its ``num_workers``, ``prefetch_factor``, ``worker_init_fn``,
-    ``multiprocessing_context``, ``pin_memory``, ``timeout``), kept for the
-    whole job. :attr:`rereads` counts the steps read again.
+    when it is asked for. With workers, the batches of the next steps are
+    read ahead on the guess that each is committed with the same groups
+    (the common case: the groups change only when one is lost or comes
+    back); a step whose samples are not those guessed (a dropped step, a
+    lost group, a healed place, a new epoch) has its workers' reads thrown
+    away and read again from where the job is. The workers are the
+    DataLoader's own (its ``num_workers``, ``prefetch_factor``,
+    ``worker_init_fn``, ``multiprocessing_context``, ``pin_memory``,
+    ``timeout``), kept for the whole job. :attr:`rereads` counts the steps
+    read again.
     """
 
     def __init__(self, strategy: Any, loader: Any, *, move: bool = True) -> None:
@@ -74,7 +88,10 @@ class QuorumLoader:
         self.epoch = 0
         #: Samples of the epoch's order taken by committed steps.
         self.position = 0
-        self._pending: list[int] = []  # participants of each step handed out since the last verdict
+        #: Samples of this epoch dealt to groups that were not in their
+        #: step: dealt again first.
+        self.given_back: list[int] = []
+        self._pending: list[int] = []  # members dealt to, for each batch handed out in the step
         self._rolled = False  # the epoch ended in this iteration
         #: Steps whose batch the workers had read for other samples, read again.
         self.rereads = 0
@@ -93,7 +110,7 @@ class QuorumLoader:
     def __len__(self) -> int:
         """Steps left in the epoch if every group takes part in each."""
         step = self._strategy.replica_groups * self._strategy.world_size * self.batch_size
-        return -(-(len(self.dataset) - self.position) // step)
+        return -(-(len(self.dataset) - self.position + len(self.given_back)) // step)
 
     def set_epoch(self, epoch: int) -> None:
         raise MisconfigurationError(
@@ -108,33 +125,44 @@ class QuorumLoader:
             self._rolled = False
             return None
         strategy = self._strategy
-        ranks = strategy.world_size
-        start = self._after_pending()
-        if start >= len(self.dataset):
+        back, start = self._after_pending()
+        if start >= len(self.dataset) and not back:
             self._end_epoch()  # what was handed out and never stepped on (an evaluation) is done
             return None
         strategy._open_step()
-        manager = strategy.manager
-        participants = max(strategy.participants, 1)  # waits for the quorum
-        mine = manager.participating_rank() or 0
-        share = self._share(start, participants, mine * ranks + strategy.global_rank)
+        members, member = strategy._deal_basis()  # the last quorum seen; the first one waited for
+        index = member * strategy.world_size + strategy.global_rank
+        chunk, _, _, _ = self._chunk(self.epoch, back, start, members)
+        share = chunk[index :: members * strategy.world_size]
         if not share:  # drop_last: fewer samples left than ranks in the step
             self._end_epoch()
             return None
-        self._pending.append(participants)
+        self._pending.append(members)
         if self._reader is not None:
-            batch = self._reader.batch((self.epoch, start, participants, mine * ranks + strategy.global_rank))
+            batch = self._reader.batch((self.epoch, tuple(back), start, members, index))
         else:
             batch = self._collate([self.dataset[i] for i in share])
         return strategy.batch_to_device(batch) if self._move else batch
 
     # -- the step's verdict (from the strategy) ---------------------------------
 
-    def _settle(self, committed: bool) -> None:
-        """The step's samples are taken (``committed``), or given back."""
-        if committed:
-            self.position = self._after_pending()
-            if self.position >= len(self.dataset):
+    def _settle(self, committed: bool, members: int = 0, trained: frozenset[int] = frozenset()) -> None:
+        """The step's batches were dealt to ``members`` members, of which
+        those in ``trained`` took part: their samples are taken where the
+        step is ``committed``, the others' given back."""
+        if committed and members:
+            back, position = self.given_back, self.position
+            returned: list[int] = []
+            ranks = members * self._strategy.world_size
+            for _ in self._pending:
+                chunk, real, back, position = self._chunk(self.epoch, back, position, members)
+                returned += [
+                    sample
+                    for i, sample in enumerate(chunk[:real])
+                    if (i % ranks) // self._strategy.world_size not in trained
+                ]
+            self.given_back, self.position = returned + back, position
+            if self.position >= len(self.dataset) and not self.given_back:
                 self._end_epoch()
                 self._rolled = True
         self._pending.clear()
@@ -142,36 +170,42 @@ class QuorumLoader:
     def _end_epoch(self) -> None:
         self.epoch += 1
         self.position = 0
+        self.given_back = []
         self._pending.clear()
 
     # -- the deal ------------------------------------------------------------------
 
-    def _take(self, start: int, participants: int) -> int:
-        """Where the next step starts after one from ``start``."""
-        left = len(self.dataset) - start
-        step = participants * self._strategy.world_size * self.batch_size
-        return start + step if left > step else len(self.dataset)
-
-    def _after_pending(self) -> int:
-        position = self.position
-        for participants in self._pending:
-            position = self._take(position, participants)
-        return position
-
-    def _share(self, start: int, participants: int, index: int) -> list[int]:
-        return self._share_of(self.epoch, start, participants, index)
-
-    def _share_of(self, epoch: int, start: int, participants: int, index: int) -> list[int]:
-        ranks = participants * self._strategy.world_size
-        chunk = self._order(epoch)[start : start + ranks * self.batch_size]
-        if len(chunk) < ranks * self.batch_size:  # the epoch's last step
+    def _chunk(
+        self, epoch: int, back: Sequence[int], start: int, members: int
+    ) -> tuple[list[int], int, list[int], int]:
+        """A step's samples dealt to ``members`` members, from the samples
+        given back ``back`` and the epoch's order from ``start`` on: the
+        step's chunk (rank ``i`` of the step's ranks gets ``chunk[i::ranks]``),
+        how many of it are the step's own (the rest fill the epoch's last
+        step from its start), and what is given back and where the order
+        is after it."""
+        ranks = members * self._strategy.world_size
+        wanted = ranks * self.batch_size
+        order = self._order(epoch)
+        taken = list(back[:wanted])
+        taken += order[start : start + wanted - len(taken)]
+        after = start + max(len(taken) - len(back), 0)
+        chunk = taken
+        if len(taken) < wanted:  # the epoch's last step
             if self.drop_last:
-                chunk = chunk[: len(chunk) // ranks * ranks]
+                chunk = taken[: len(taken) // ranks * ranks]
             else:
-                order = self._order(epoch)
-                total = -(-len(chunk) // ranks) * ranks
-                chunk = chunk + (order * (total // len(order) + 1))[: total - len(chunk)]
-        return chunk[index::ranks]
+                total = -(-len(taken) // ranks) * ranks
+                chunk = taken + (order * (total // len(order) + 1))[: total - len(taken)]
+        return chunk, min(len(taken), len(chunk)), list(back[wanted:]), after
+
+    def _after_pending(self) -> tuple[list[int], int]:
+        """Where the step's next batch starts: the given back samples and
+        the order's position after the batches handed out in the step."""
+        back, position = self.given_back, self.position
+        for members in self._pending:
+            _, _, back, position = self._chunk(self.epoch, back, position, members)
+        return list(back), position
 
     @functools.lru_cache(maxsize=2)  # noqa: B019 - one loader, two epochs at most
     def _order(self, epoch: int) -> list[int]:
@@ -186,10 +220,16 @@ class QuorumLoader:
 
     # -- state ---------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """The job's place: ``{"epoch", "position", "samples"}`` (as phalanx's
-        other loaders save it)."""
-        return {"epoch": self.epoch, "position": self.position, "samples": len(self.dataset)}
+        other loaders save it) and ``"given_back"``, the samples of the
+        epoch given back by steps that a group was not in, not yet trained."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "samples": len(self.dataset),
+            "given_back": list(self.given_back),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Go on from a saved place (a checkpoint of this loader or of a
@@ -200,8 +240,7 @@ class QuorumLoader:
                 f"this loader's dataset has {len(self.dataset)}: load it into a loader of the same data, "
                 "or leave the loader out of the state you load"
             )
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        self._heal(state)
         self._rolled = False
 
     def _heal(self, state: Mapping[str, Any]) -> None:
@@ -209,14 +248,16 @@ class QuorumLoader:
         of this step stay, to be settled from there)."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self.given_back = [int(i) for i in state.get("given_back", ())]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
 
 
-#: A step's samples: (epoch, where in the epoch's order it starts, groups
-#: in it, this rank's index among the step's ranks).
-_Key = tuple[int, int, int, int]
+#: A step's samples: (epoch, the samples given back before it, where in the
+#: epoch's order it starts, the members it is dealt to, this rank's index
+#: among the step's ranks).
+_Key = tuple[int, tuple[int, ...], int, int, int]
 
 
 class _Reader:
@@ -265,15 +306,17 @@ class _Reader:
         epoch's end: each step with the same groups, committed. Run by the
         DataLoader in this process, ahead of the steps."""
         assert self._start is not None
-        epoch, start, participants, index = self._start
+        epoch, back, start, members, index = self._start
         owner = self._owner
-        while start < len(owner.dataset):
-            share = owner._share_of(epoch, start, participants, index)
+        ranks = members * owner._strategy.world_size
+        while start < len(owner.dataset) or back:
+            chunk, _, rest, after = owner._chunk(epoch, back, start, members)
+            share = chunk[index::ranks]
             if not share:
                 return
-            self._guessed.append((epoch, start, participants, index))
+            self._guessed.append((epoch, tuple(back), start, members, index))
             yield share
-            start = owner._take(start, participants)
+            back, start = tuple(rest), after
 
     def __len__(self) -> int:  # what DataLoader asks of a batch sampler; never used for a pass's length
         return len(self._owner.dataset)

@@ -33,6 +33,13 @@ class HSDPFTStrategy(FaultTolerant, FSDPStrategy):
     """
 
     name: ClassVar[str] = "hsdp_ft"
+    #: A step waits for its quorum before its forward pass: a healing
+    #: peer's copy of the shards is read from FSDP's ``state_dict()`` in
+    #: TorchFT's quorum thread, which in the middle of a forward or backward
+    #: pass changes FSDP's state under it (seen here: the two ranks of a
+    #: group then waited in different collectives, an all-gather and a
+    #: reduce-scatter, for good).
+    compute_during_quorum: ClassVar[bool] = False
     traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
 
     def setup_module(self, module: Any) -> Any:
@@ -49,6 +56,7 @@ class HSDPFTStrategy(FaultTolerant, FSDPStrategy):
         rank's part of a unit's gradients) averaged over the step's groups,
         in place. TorchFT drops a failed step instead of raising."""
         self._open_step()
+        self._wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
         self.manager.allreduce(shard).wait()
 
     def save_checkpoint(

@@ -67,6 +67,10 @@ class FaultTolerant:
     #: The strategy's name, for messages.
     name: ClassVar[str] = "ddp_ft"
 
+    #: Whether a step computes while its quorum forms (its batch dealt by
+    #: the last quorum's members), as TorchFT's own loop does.
+    compute_during_quorum: ClassVar[bool] = True
+
     def __init__(
         self,
         *,
@@ -89,6 +93,13 @@ class FaultTolerant:
         self._registered = 0
         self._setups = 0  # setup() calls: each makes the groups alike in a step of its own
         self._loaders: list[QuorumLoader] = []
+        # Quorums' members as (quorum id, members, this group's index):
+        # as TorchFT last configured the groups' gloo group for one (its
+        # quorum thread), as of the last quorum this process waited for,
+        # and the one the step's batches were dealt by (QuorumLoader).
+        self._configured: tuple[int, int, int] | None = None
+        self._seen_members: tuple[int, int, int] | None = None
+        self._step_basis: tuple[int, int, int] | None = None
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
 
@@ -156,6 +167,7 @@ class FaultTolerant:
         if self._quorum_seen:
             return
         self._quorum_seen = True
+        self._seen_members = self._configured
         # Checked once a step, as its quorum comes: a group in step with
         # the one that finished got its last quorum before that one ended.
         finished = os.environ.get(FINISHED_FILE_VAR)
@@ -193,7 +205,7 @@ class FaultTolerant:
             manager.shutdown(wait=False)
 
     def _make_manager(self) -> Any:
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager
         from torchft.checkpointing.pg_transport import PGTransport
 
         group, _ = replica_group_of_this_process(f"strategy {self.name!r}")
@@ -207,7 +219,7 @@ class FaultTolerant:
         seconds = timedelta(seconds=self.replica_timeout)
         environment = self.environment
         _quieten_torchft()
-        across = ProcessGroupGloo(timeout=seconds)
+        across = _gloo_telling_members(self, seconds)
         options = dict(
             pg=across,
             # A healing group receives its peers' state over the groups'
@@ -432,12 +444,68 @@ class FaultTolerant:
         return max(self.quorum_timeout, 60.0) if self.restart_count == 0 else self.quorum_timeout
 
     def _open_step(self, timeout: float | None = None) -> None:
-        """Ask for this step's quorum (once per step)."""
+        """Ask for this step's quorum (once per step); wait for it here
+        where the step may not compute while it forms."""
         if not self._step_open:
             self.manager.start_quorum(timeout=timedelta(seconds=timeout or self.quorum_timeout))
             self._step_open = True
             self._quorum_seen = False
             self._verdict = None
+            if not self.compute_during_quorum:
+                self._wait_quorum()
+
+    def _deal_basis(self) -> tuple[int, int]:
+        """The members a step's batches are dealt to, and this group's
+        index among them (:class:`QuorumLoader`): those of the last quorum
+        this process waited for, so that the step computes while its own
+        quorum forms; the first step's quorum is waited for."""
+        if self._step_basis is None:
+            if self._seen_members is None:
+                self._wait_quorum()
+            seen = self._seen_members
+            if seen is None:  # TorchFT's reconfiguration failed: the step is not committed
+                manager = self.manager
+                seen = (-1, max(int(manager.num_participants()), 1), manager.participating_rank() or 0)
+            self._step_basis = seen
+        return self._step_basis[1], self._step_basis[2]
+
+    def _trained_members(self) -> tuple[int, frozenset[int]]:
+        """Which of the members this step's batches were dealt to took
+        part in it: one all-reduce across the step's groups, of each
+        participant's index and a mark of the quorum it dealt by (a group
+        that heals adds zeros). Where the participants dealt by different
+        quorums the step cannot be told apart and is dropped on every
+        group (each sees the same sums)."""
+        groups = self.replica_groups
+        told = torch.zeros(groups + 3, dtype=torch.int64)
+        told[groups] = 1
+        if self._step_basis is not None:
+            quorum_id, members, member = self._step_basis
+            if member < groups:
+                told[member] = 1
+            mark = (quorum_id + 1) * _MEMBERS_MARK + members
+            told[groups + 1], told[groups + 2] = mark, mark * mark
+        manager = self.manager
+        manager.allreduce(told, reduce_op=dist.ReduceOp.SUM).wait()
+        if manager.errored():
+            return 0, frozenset()  # the step is not committed
+        counts = [int(n) for n in told[:groups]]
+        participants, total, squares = (int(n) for n in told[groups:])
+        mark = total // max(participants, 1)
+        if (
+            total * total != participants * squares
+            or participants != int(manager.num_participants())
+            or max(counts, default=0) > 1
+            or mark % _MEMBERS_MARK > groups
+        ):
+            manager.report_error(
+                RuntimeError(
+                    f"step {self.current_step}: the groups in it dealt its samples from different quorums; "
+                    "dropped, and dealt again"
+                )
+            )
+            return 0, frozenset()
+        return mark % _MEMBERS_MARK, frozenset(i for i, n in enumerate(counts) if n)
 
     def _commit(self) -> bool:
         """Whether this step is committed (asked once per step, for every
@@ -445,11 +513,13 @@ class FaultTolerant:
         if self._verdict is None:
             self._open_step()
             self._wait_quorum()
+            members, trained = self._trained_members() if self._loaders else (0, frozenset())
             self._verdict = bool(self.manager.should_commit())
             self.committed = self._verdict
             for loader in self._loaders:
-                loader._settle(self._verdict)
+                loader._settle(self._verdict, members, trained)
             self._step_open = False
+            self._step_basis = None
         return self._verdict
 
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
@@ -575,6 +645,7 @@ def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
         dist.all_reduce(buffer, group=strategy.process_group)
         buffer.div_(strategy.world_size)
     strategy._open_step()
+    strategy._wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
     strategy.manager.allreduce(buffer).wait()
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
@@ -607,6 +678,28 @@ class _StepOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optim, name)
+
+
+#: ``_trained_members``' mark of a quorum: its id + 1 times this, plus its
+#: members (fewer than this).
+_MEMBERS_MARK = 4096
+
+
+def _gloo_telling_members(strategy: FaultTolerant, timeout: timedelta) -> Any:
+    """TorchFT's gloo group across the replica groups, which tells the
+    strategy each quorum's members as TorchFT configures it for one
+    (``ProcessGroup.configure``: the quorum's id, its replicas and this
+    one's rank among them, TorchFT's order)."""
+    from torchft import ProcessGroupGloo
+
+    class MembersTold(ProcessGroupGloo):  # type: ignore[misc]
+        def configure(  # type: ignore[no-untyped-def]
+            self, store_addr, replica_id, rank, world_size, quorum_id=None, *args, **kwargs
+        ) -> None:
+            super().configure(store_addr, replica_id, rank, world_size, quorum_id, *args, **kwargs)
+            strategy._configured = (int(quorum_id or 0), int(world_size), int(rank))
+
+    return MembersTold(timeout=timeout)
 
 
 def _address_toward(url: str) -> str:

@@ -1,0 +1,138 @@
+"""The quorum loader's deal, step by step, in one process: each rank of
+three groups of two draws its batch before its step's quorum is known
+(dealt to the members of the last quorum), and the step's verdict gives
+back the shares of members that were not in it. The strategy here is the
+loader's side of ``ddp_ft``'s (what the loader asks of it); the real
+groups, quorums and kills are in test_ddp_ft.py."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
+
+import torch
+from phalanx_torchft import QuorumLoader
+from torch.utils.data import DataLoader, Dataset
+
+GROUPS, RANKS, BATCH, SAMPLES = 3, 2, 2, 100
+
+
+class Samples(Dataset):
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Rank:
+    """What the loader asks of the strategy: the rank, and the members the
+    step is dealt to (the last quorum this rank saw)."""
+
+    def __init__(self, group: int, rank: int) -> None:
+        self.replica_group, self.global_rank = group, rank
+        self.world_size, self.replica_groups = RANKS, GROUPS
+        self.basis = (0, 0)
+
+    def _open_step(self) -> None:
+        pass
+
+    def _deal_basis(self) -> tuple[int, int]:
+        return self.basis
+
+    def batch_to_device(self, batch):  # type: ignore[no-untyped-def]
+        return batch
+
+
+def ranks_of(workers: int) -> dict[tuple[int, int], tuple[Rank, QuorumLoader]]:
+    made = {}
+    for group in range(GROUPS):
+        for rank in range(RANKS):
+            strategy = Rank(group, rank)
+            data = DataLoader(Samples(), batch_size=BATCH, shuffle=True, num_workers=workers)
+            made[group, rank] = strategy, QuorumLoader(strategy, data, move=False)
+    return made
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "workers"])
+def test_a_lost_members_share_is_given_back_and_every_sample_trained_once(workers):
+    ranks = ranks_of(workers)
+    iterators = {key: iter(loader) for key, (_, loader) in ranks.items()}
+    trained: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    # Each step: the members its batches are dealt to (the last quorum's,
+    # with each group's index in it), the groups that take part (the
+    # step's own quorum), and whether it is committed.
+    everyone = {0: 0, 1: 1, 2: 2}
+    without_1 = {0: 0, 2: 1}
+    steps = [
+        *[(everyone, {0, 1, 2}, True)] * 3,
+        (everyone, {0, 1, 2}, False),  # group 1 killed in it: the all-reduce fails
+        (everyone, {0, 2}, True),  # dealt to three, trained by two: member 1's share given back
+        *[(without_1, {0, 2}, True)] * 5,
+        (without_1, {0, 2}, True),  # group 1 back: it heals in this step (not dealt to)
+        *[(everyone, {0, 1, 2}, True)] * 12,
+    ]
+    given_back_seen = False
+    for number, (dealt, taking_part, committed) in enumerate(steps):
+        healing = number == 10
+        batches = {}
+        for (group, rank), (strategy, _) in ranks.items():
+            if group not in dealt and not healing:
+                continue  # lost
+            # The healing group deals by the quorum it waited for: three
+            # members, itself the second.
+            strategy.basis = (len(dealt), dealt[group]) if group in dealt else (3, 1)
+            try:
+                batch = next(iterators[group, rank])
+            except StopIteration:  # the epoch's end: the next one
+                iterators[group, rank] = iter(loader_of(ranks, group, rank))
+                batch = next(iterators[group, rank])
+            batches[group, rank] = (loader_of(ranks, group, rank).epoch, [int(i) for i in batch])
+        if healing:  # copies a peer's place, then settles its step as the peers do
+            loader_of(ranks, 1, 0)._heal(loader_of(ranks, 0, 0).state_dict())
+            loader_of(ranks, 1, 1)._heal(loader_of(ranks, 0, 1).state_dict())
+        trained_members = frozenset(dealt[g] for g in taking_part if g in dealt)
+        if committed:
+            for (group, _), (epoch, ids) in batches.items():
+                if group in taking_part and group in dealt:
+                    trained[epoch].update(ids)
+        for (group, _), (_, loader) in ranks.items():
+            if group in dealt or healing:
+                loader._settle(committed, len(dealt), trained_members)
+        given_back_seen |= bool(loader_of(ranks, 0, 0).given_back)
+        states = {repr(loader.state_dict()) for g, (_, loader) in ranks.items() if g[0] != 1}
+        assert len(states) == 1, (number, states)  # every survivor at the same place
+        if number >= 10:  # and the healed group with them
+            assert loader_of(ranks, 1, 0).state_dict() == loader_of(ranks, 0, 0).state_dict()
+
+    assert given_back_seen
+    assert loader_of(ranks, 0, 0).epoch >= 1
+    first = trained[0]
+    assert sorted(first) == list(range(SAMPLES))  # the whole first epoch
+    repeated = sum(n - 1 for n in first.values())
+    assert repeated < GROUPS * RANKS  # at most the filling of the epoch's last step
+    if workers:
+        assert loader_of(ranks, 0, 0).rereads >= 1  # the lost member's step read again
+
+
+def loader_of(ranks, group, rank):  # type: ignore[no-untyped-def]
+    return ranks[group, rank][1]
+
+
+def test_a_checkpoint_holds_the_samples_given_back():
+    strategy = Rank(0, 0)
+    loader = QuorumLoader(strategy, DataLoader(Samples(), batch_size=BATCH), move=False)
+    strategy.basis = (3, 0)
+    next(iter(loader))
+    loader._settle(True, 3, frozenset({0, 2}))  # member 1's share given back
+    state = loader.state_dict()
+    assert state["position"] == GROUPS * RANKS * BATCH
+    assert state["given_back"] == [2, 3, 8, 9]  # member 1's ranks' samples of the step, in order
+    again = QuorumLoader(strategy, DataLoader(Samples(), batch_size=BATCH), move=False)
+    again.load_state_dict(state)
+    strategy.basis = (2, 0)
+    assert [int(i) for i in next(iter(again))] == [2, 12]  # dealt first, over the two members left
+    assert torch.equal(torch.tensor(again.state_dict()["given_back"]), torch.tensor([2, 3, 8, 9]))
