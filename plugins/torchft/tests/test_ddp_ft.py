@@ -486,8 +486,12 @@ ACCUMULATED = textwrap.dedent(
             return i, torch.randn(8, generator=torch.Generator().manual_seed(i))
 
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    first = torch.optim.SGD(model[0].parameters(), lr=0.05)
-    second = torch.optim.Adam(model[2].parameters(), lr=0.01)
+    if strategy.name == "hsdp_ft":  # FSDP's setup takes optimizer factories, of all the parameters
+        import functools
+        first, second = functools.partial(torch.optim.SGD, lr=0.05), functools.partial(torch.optim.Adam, lr=0.01)
+    else:
+        first = torch.optim.SGD(model[0].parameters(), lr=0.05)
+        second = torch.optim.Adam(model[2].parameters(), lr=0.01)
     model, first, second = strategy.setup(model, first, second)
     loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True))
     batches = iter(loader)
@@ -508,25 +512,31 @@ ACCUMULATED = textwrap.dedent(
                 strategy.backward(loss / 2)
         strategy.optimizer_step(first)
         strategy.optimizer_step(second)
-        print(f"ACCUMULATED group={strategy.replica_group} committed={strategy.committed} "
-              f"participants={strategy.participants} taken={' '.join(taken)}", flush=True)
-    torch.save([p.detach() for p in model.parameters()], out / f"group{strategy.replica_group}.pt")
+        print(f"ACCUMULATED group={strategy.replica_group} rank={strategy.global_rank} "
+              f"committed={strategy.committed} participants={strategy.participants} "
+              f"taken={' '.join(taken)}", flush=True)
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+    if strategy.global_rank == 0:
+        torch.save(whole, out / f"group{strategy.replica_group}.pt")
     """
 )
 
 
-def test_mixed_precision_gradient_accumulation_and_two_optimizers(tmp_path):
+@pytest.mark.parametrize(("strategy", "devices"), [("ddp_ft", 1), ("hsdp_ft", 2)])
+def test_mixed_precision_gradient_accumulation_and_two_optimizers(tmp_path, strategy, devices):
     import torch
 
     (tmp_path / "train.py").write_text(ACCUMULATED)
     done = subprocess.run(
-        [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu", "--devices", "1",
-         "--replica-groups", "2", "--precision", "bf16-mixed", "train.py", str(tmp_path), "12"],
+        [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu", "--devices",
+         str(devices), "--replica-groups", "2", "--precision", "bf16-mixed", "train.py", str(tmp_path), "12"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    steps = re.findall(r"ACCUMULATED group=(\d) committed=(\w+) participants=(\d) taken=(.*)", done.stdout)
-    assert len(steps) == 2 * 12, done.stdout
+    steps = re.findall(
+        r"ACCUMULATED group=(\d) rank=\d committed=(\w+) participants=(\d) taken=(.*)", done.stdout
+    )
+    assert len(steps) == 2 * devices * 12, done.stdout
     assert {(committed, participants) for _, committed, participants, _ in steps} == {("True", "2")}
     # Both groups end alike: each step's two micro-batches of both groups,
     # averaged once (no_backward_sync), stepped by both optimizers.
