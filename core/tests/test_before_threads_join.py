@@ -43,3 +43,22 @@ def test_a_failed_rank_leaving_at_once_runs_nothing():
         check=False,
     )
     assert (done.stdout, done.returncode) == ("", 1), done.stderr
+
+
+def test_exit_process_ends_a_thread_pool_left_open_as_pythons_exit_does():
+    # concurrent.futures ends a pool's idle workers from threading's exit
+    # hooks; a script that leaves a pool open exits under plain Python.
+    program = textwrap.dedent(
+        """
+        import concurrent.futures
+        from phalanx_core.launching import exit_process
+
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        print(pool.submit(lambda: "done").result(), flush=True)
+        exit_process(3)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.stdout, done.returncode) == ("done\n", 3), done.stderr

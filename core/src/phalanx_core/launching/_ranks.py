@@ -284,6 +284,24 @@ def _run_before_join() -> None:
             traceback_module.print_exc()
 
 
+def _join_threads() -> None:
+    """What Python's own exit does with threads: its threading exit hooks
+    (``concurrent.futures`` tells the idle workers of every pool left open
+    to end: without this, a script that leaves a ``ThreadPoolExecutor``
+    open, as many libraries do, waits for its workers forever), then every
+    non-daemon thread joined. Python's own exit calls ``threading._shutdown``
+    for it; from another thread than the main one the threads are joined
+    as they are."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
+        return
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+
+
 def exit_process(code: int, *, run_atexit: bool = True, join_threads: bool = True) -> NoReturn:
     """End this process with ``code``, after what Python's own exit does
     that matters (the non-daemon threads joined, the ``atexit`` handlers
@@ -311,11 +329,8 @@ def exit_process(code: int, *, run_atexit: bool = True, join_threads: bool = Tru
     """
     if join_threads:
         _run_before_join()
-    with contextlib.suppress(BaseException):
-        main = threading.main_thread()
-        for thread in threading.enumerate() if join_threads else ():
-            if thread is not main and not thread.daemon and thread is not threading.current_thread():
-                thread.join()
+        with contextlib.suppress(BaseException):
+            _join_threads()
     if run_atexit:
         import atexit
 
