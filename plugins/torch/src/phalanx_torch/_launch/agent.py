@@ -36,7 +36,8 @@ PRIVATE_AGENT_NAMES: dict[str, str] = {
     "fails the round, a node waiting to join is told from a failure",
     "_rendezvous": "overridden: each round's node rank and the job-wide restart count",
     "_restart_workers": "overridden: says the restart and its cause",
-    "_exit_barrier": "overridden: skipped where the job ended in a failure the nodes all know",
+    "_exit_barrier": "overridden: the heartbeat told this node is done first (the others finishing "
+    "do not take it for lost), and the barrier's requests to etcd brief",
     "_remaining_restarts": "written: the restarts left are the job's, not this node's",
     "_pcontext": "read: the ranks' processes, stopped when node 0 is lost without a word",
 }
