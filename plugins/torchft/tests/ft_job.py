@@ -281,6 +281,18 @@ class Job:
                 seen.append(pid)
         return seen
 
+    def short_steps(self, batch: int = 2) -> dict[int, int]:
+        """By epoch, the steps in which a rank drew a batch of fewer than
+        ``batch`` samples: the epoch's last steps, each filled with fewer
+        than its ranks' count of samples from the epoch's start (two where
+        a share of the last step was given back)."""
+        steps: dict[int, set[int]] = collections.defaultdict(set)
+        for pid, drawn in self.drawn.items():
+            for (_, _, step), (epoch, ids) in zip(drawn, self.batches[pid], strict=True):
+                if len(ids) < batch:
+                    steps[epoch].add(step)
+        return {epoch: len(found) for epoch, found in steps.items()}
+
     def diverged(self) -> dict[int, set[str]]:
         """The steps after which the groups that committed them (taking
         part) hold different weights (rank 0's sum of squares): a split

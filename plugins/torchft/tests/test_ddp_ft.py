@@ -131,7 +131,12 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         repeated = sum(n - 1 for n in counts.values())
         if epoch < max(trained):
             assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
-        assert repeated == 0 or (set(counts) == everything and repeated < 3 * devices), (epoch, counts)
+        # The epoch's end: one short step, two where a share of it went back.
+        short = max(job.short_steps().get(epoch, 0), 1)
+        assert repeated == 0 or (set(counts) == everything and repeated < short * 3 * devices), (
+            epoch,
+            counts,
+        )
     readers = {int(path.name.rsplit("-", 1)[1]) for path in job.out.glob("read-by-*")}
     ranks = {s[2] for s in job.steps}
     if workers:

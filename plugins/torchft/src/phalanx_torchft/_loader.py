@@ -45,9 +45,12 @@ class QuorumLoader:
     its gradients). So each sample of an epoch is in exactly one committed
     step, except at the epoch's end: where the last samples do not fill a
     step, every rank of it gets the same smaller batch and a few samples
-    from the epoch's start fill the last batches (fewer than ``M x R``;
+    from the epoch's start fill the last batches (fewer than ``M x R``; a
+    second such step where a share of the first was given back;
     ``drop_last`` drops the samples that do not fill a batch on every rank
-    instead).
+    instead). Where the step's own quorum is in hand when its batch is
+    dealt (the first step; every step under ``hsdp_ft``, which waits for
+    it), the batch is dealt to the quorum's participants instead.
 
     Iterating gives the rest of the job's current epoch, then the loader
     moves to the next one: :attr:`epoch` is the job's epoch (a healed group

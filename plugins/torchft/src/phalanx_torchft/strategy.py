@@ -458,14 +458,17 @@ class FaultTolerant:
         """The members a step's batches are dealt to, and this group's
         index among them (:class:`QuorumLoader`): those of the last quorum
         this process waited for, so that the step computes while its own
-        quorum forms; the first step's quorum is waited for."""
+        quorum forms; where the step's own quorum is in hand already (the
+        first step's, waited for; every step's under ``hsdp_ft``), its
+        participants, so that a group that heals in it is dealt nothing."""
         if self._step_basis is None:
             if self._seen_members is None:
                 self._wait_quorum()
             seen = self._seen_members
-            if seen is None:  # TorchFT's reconfiguration failed: the step is not committed
+            if self._quorum_seen or seen is None:
                 manager = self.manager
-                seen = (-1, max(int(manager.num_participants()), 1), manager.participating_rank() or 0)
+                quorum_id = seen[0] if seen is not None else -1
+                seen = (quorum_id, max(int(manager.num_participants()), 1), manager.participating_rank() or 0)
             self._step_basis = seen
         return self._step_basis[1], self._step_basis[2]
 
