@@ -136,3 +136,12 @@ def test_a_checkpoint_holds_the_samples_given_back():
     strategy.basis = (2, 0)
     assert [int(i) for i in next(iter(again))] == [2, 12]  # dealt first, over the two members left
     assert torch.equal(torch.tensor(again.state_dict()["given_back"]), torch.tensor([2, 3, 8, 9]))
+
+
+def test_a_checkpoint_giving_back_samples_the_dataset_has_not_is_refused_with_what_to_do():
+    from phalanx_core import MisconfigurationError
+
+    loader = QuorumLoader(Rank(0, 0), DataLoader(Samples(), batch_size=BATCH), move=False)
+    state = {"epoch": 0, "position": 12, "samples": SAMPLES, "given_back": [3, SAMPLES + 7]}
+    with pytest.raises(MisconfigurationError, match=r"gives back samples \[107\].*same data"):
+        loader.load_state_dict(state)

@@ -243,6 +243,13 @@ class QuorumLoader:
                 f"this loader's dataset has {len(self.dataset)}: load it into a loader of the same data, "
                 "or leave the loader out of the state you load"
             )
+        outside = [i for i in state.get("given_back", ()) if not 0 <= int(i) < len(self.dataset)]
+        if outside:
+            raise MisconfigurationError(
+                f"the checkpoint's loader state gives back samples {outside[:5]} that this loader's dataset "
+                f"of {len(self.dataset)} samples does not have: load it into a loader of the same data, "
+                "or leave the loader out of the state you load"
+            )
         self._heal(state)
         self._rolled = False
 
