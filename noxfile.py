@@ -365,7 +365,7 @@ def torchft(session: nox.Session) -> None:
     groups of two hosts each: a rank killed, a host lost, a host cut off."""
     apt_install(session, "iproute2")
     install_packages(session)
-    session.install(TORCHFT, "pytest>=8")
+    session.install(TORCHFT, "pytest>=8", "py-spy")  # py-spy: the stacks of a job that stalls, in a failure
     session.run("pytest", "plugins/torchft/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "torchft"})
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,9 +234,46 @@ class Job:
         while not condition():
             ended = all(p.poll() is not None for p in self.processes)
             if ended or time.monotonic() > deadline:
+                stacks = "" if ended else self.stacks()
                 self.stop()
-                raise AssertionError(f"{what}: not seen; the job's output:\n{self.output}")
+                raise AssertionError(f"{what}: not seen; the job's output:\n{self.output}{stacks}")
             time.sleep(0.05)
+
+    def stacks(self) -> str:
+        """Every live process of the job (the launchers' descendants, in
+        whatever namespace host they run) with its state, and the Python
+        stacks of each as py-spy dumps them where py-spy is installed: what
+        a job that stopped making progress was doing."""
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children[int(fields[1])].append(int(stat.parent.name))
+        todo = [p.pid for p in self.processes if p.poll() is None]
+        found: list[int] = []
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children.get(pid, []))
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        parts = ["\n--- the job's live processes" + ("" if spy else " (py-spy not installed: no stacks)")]
+        for pid in sorted(found):
+            try:
+                command = (
+                    Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            parts.append(f"pid {pid} ({state}): {command[:300]}")
+            if spy and "python" in command:
+                dump = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False
+                )
+                parts.append(textwrap.indent(dump.stdout + dump.stderr, "    "))
+        return "\n".join(parts)
 
     def stop_after(self, more: int, at_least: int = 0) -> None:
         """Have every group stop at ``more`` steps after the last one seen
@@ -253,8 +291,9 @@ class Job:
             for process in self.processes:
                 process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            stacks = self.stacks()
             self.stop()
-            raise AssertionError(f"the job did not end; its output:\n{self.output}") from None
+            raise AssertionError(f"the job did not end; its output:\n{self.output}{stacks}") from None
         for reader in self._readers:
             reader.join(10)
         return self.process.returncode
