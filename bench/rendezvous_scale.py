@@ -14,7 +14,7 @@ about 60 GB); each does what a node's launching process does with the
 job's store and nothing else:
 
 * phalanx's ``RoundRendezvous`` over elastic's dynamic rendezvous, as
-  ``_rounds._create`` made it for node 0's store until the counted rounds
+  ``_rounds.create`` made it for node 0's store until the counted rounds
   took its place (``elastic_dynamic``; bench/rounds_scale.py measures
   both), from the
   ``RendezvousParameters`` that ``SubprocessLauncher._rounds()`` gives
@@ -332,7 +332,7 @@ class SimWatch(_NodeWatch):
 
 def elastic_dynamic(params: Any, client: Any, place: Any, timeout: float) -> Any:
     """phalanx's round handler over elastic's dynamic rendezvous with its
-    c10d backend on ``client``: what ``_rounds._create`` made for node 0's
+    c10d backend on ``client``: what ``_rounds.create`` made for node 0's
     store before the counted rounds took its place (2026-11-26), and
     still makes for etcd."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic

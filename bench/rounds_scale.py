@@ -10,7 +10,7 @@ driver; the driver does nothing else, so its CPU time is the store's). Each
 simulated node is a thread in one of ``--procs`` worker processes, with a
 client of its own (made one at a time, up front: the client's constructor
 looks its address up in the DNS), and does what a node's launching process
-does with the store: ``_rounds._create`` from the parameters the launcher
+does with the store: ``_rounds.create`` from the parameters the launcher
 gives (the handler the launcher uses: ``RoundRendezvous`` over the counted
 rounds, or over elastic's dynamic handler with its c10d backend and a
 keep-alive of ``keep_alive_for(N)``), ``next_rendezvous()`` and the
@@ -88,8 +88,8 @@ class Node:
             keep_alive_max_attempt=3,
         )
         if cfg.rendezvous == "counted":
-            self.handler = _rounds._create(params)
-        else:  # what _rounds._create made for node 0's store before the counted rounds
+            self.handler = _rounds.create(params)
+        else:  # what _rounds.create made for node 0's store before the counted rounds
             self.handler = elastic_dynamic(params, self.client, place, cfg.timeout)
         self.stop = threading.Event()
 

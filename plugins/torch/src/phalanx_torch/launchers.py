@@ -13,7 +13,7 @@ binding a socket and closing it again: ``spawn`` and ``fork`` host a
 ``TCPStore`` on a port the kernel gives, in the launching process, for the
 whole launch, and tell the ranks to join it as clients
 (``TORCHELASTIC_USE_AGENT_STORE=True``, read by torch's ``env://``
-rendezvous); ``subprocess`` does the same through elastic's agent.
+rendezvous); ``subprocess`` does the same through its agent loop.
 
 **Where a job listens** (see :mod:`phalanx_torch._launch.listen`): on one node, the
 store and the ranks' gloo listen on ``127.0.0.1`` only; on several, on the

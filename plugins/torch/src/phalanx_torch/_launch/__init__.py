@@ -1,3 +1,4 @@
-"""Running a job's ranks on a node with torch elastic's agent: the
-launch itself, the agent's changes, the ranks' side, where sockets listen,
-and the variables of the schedulers phalanx runs under."""
+"""Running a job's ranks on a node: the ``subprocess`` launcher, its agent
+loop on torch elastic's public process layer, what a node says of failed
+ranks, the ranks' side, where sockets listen, and the variables of the
+schedulers phalanx runs under."""

@@ -5,7 +5,6 @@ Imports no torch at import time; see :mod:`phalanx_torch.launchers`."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 from phalanx_core.launching import (
     LINES_PREFIXED_VAR,
     LOOPBACK,
-    STOP_GRACE,
     RankFailure,
     check_count,
     listen_variables,
@@ -44,28 +42,27 @@ from .._nodes.elastic_rendezvous import (
     STATIC,
     create_one_node_rendezvous,
     create_static_rendezvous,
-    register_rendezvous,
 )
 from .._nodes.heartbeat import LOST_AFTER, Heartbeat, interval_for
 from .._nodes.job_store import allow_connections, job_store
-from .._nodes.ledger import JobLedger
+from .._nodes.ledger import JobLedger, StopRequested
 from .._nodes.node_watch import NodeWatch
 from .._nodes.rendezvous_place import RendezvousPlace, parse_rendezvous
-from .._nodes.rounds import register as register_rounds
+from .._nodes.rounds import ELASTIC as ROUNDS
+from .._nodes.rounds import create as create_rounds
 from ..environments import node_rank_needed
-from .agent import (
-    agent_class,
+from .failures import (
     failures_of,
     print_elsewhere,
     print_if_shortened,
     raised_before,
     say,
     signal_handlers_kept,
-    stop_workers,
     stopped_words,
     store_lost_errors,
 )
 from .listen import listen_address, one_thread
+from .rank_loop import SIGNALS, RankLoop
 from .ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
@@ -82,7 +79,7 @@ __all__ = ["SubprocessLauncher"]
 
 class SubprocessLauncher(Launcher):
     """Re-runs this process's script once per local rank under
-    ``torch.distributed.elastic`` (its agent, rendezvous and error files),
+    ``torch.distributed.elastic``'s process layer, rendezvous interface and error files,
     like ``torchrun``, and waits for the ranks.
 
     The command is ``sys.executable`` with this interpreter's options (from
@@ -148,7 +145,7 @@ class SubprocessLauncher(Launcher):
     One node (like ``torchrun --standalone``): a rendezvous of
     :mod:`.._nodes.elastic_rendezvous` that gives every round, the first and each
     restart, a new TCPStore listening on ``127.0.0.1`` (or ``listen_on``)
-    only, on a port the kernel gives; the agent keeps it and the ranks join
+    only, on a port the kernel gives; the launching process keeps it and the ranks join
     it as clients, and their gloo listens there too. Several nodes: start the same
     script on every node with its ``NODE_RANK``. Without restarts, MIN:MAX
     or etcd, the nodes meet once at the environment's ``main_address`` /
@@ -262,7 +259,7 @@ class SubprocessLauncher(Launcher):
     @classmethod
     def listens(cls, num_nodes: int) -> str | None:
         if num_nodes == 1:
-            return "127.0.0.1 only: the agent's rendezvous store and every rank's gloo"
+            return "127.0.0.1 only: the launching process's rendezvous store and every rank's gloo"
         return (
             "node 0's rendezvous store (MASTER_PORT) and every rank's gloo on the address that reaches "
             "MASTER_ADDR (the route's source address); on every interface where that is a loopback address"
@@ -363,7 +360,7 @@ class SubprocessLauncher(Launcher):
         elastic, each output line prefixed with the rank (``[rank1]: ...``),
         as ``phalanx run`` does; raise :class:`~phalanx_core.WorkerFailedError`
         for the rank that failed first."""
-        # Elastic's agent logs each stop, signal and failure; phalanx run
+        # Elastic's process layer logs each stop, signal and failure; phalanx run
         # says what failed once, from the WorkerFailedError.
         with _quiet("torch.distributed.elastic"), tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
             variables = {LINES_PREFIXED_VAR: "1", _LAUNCHER_PID_VAR: str(os.getpid())}
@@ -374,45 +371,42 @@ class SubprocessLauncher(Launcher):
     ) -> None:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-        newer: dict[str, Any] = {}
-        if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
-            # How long a stopped job's ranks get between SIGTERM and SIGKILL,
-            # where torch has it (2.13 does, 2.11 does not: it waits 30 s).
-            newer["shutdown_timeout"] = STOP_GRACE
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         if self._hosts_store:
             allow_connections(4 * self.num_nodes)
         rendezvous = self._rendezvous()
         # What this launch's parts tell each other (it keeps node 0's store
-        # of a static rendezvous until the node watch has left it: elastic
-        # drops its handler, the store with it, as its launch returns).
+        # of a static rendezvous until the node watch has left it).
         self._ledger = ledger = JobLedger(functools.partial(say, who))
-        rendezvous.setdefault("rdzv_configs", {})["ledger"] = ledger
+        create = rendezvous.pop("create")
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)
-        variables = {**variables, **gloo, **one_thread(self.num_processes)}
-        if self.node_rank is not None:  # else the agent gives each round's (NODE_RANK)
+        parameters = RendezvousParameters(
+            backend=rendezvous["backend"],
+            endpoint=rendezvous.get("endpoint", ""),
+            run_id=rendezvous["run_id"],
+            min_nodes=min_nodes,
+            max_nodes=self.num_nodes,
+            local_addr=rendezvous.get("local_addr"),
+            **rendezvous["configs"],
+            ledger=ledger,
+        )
+        variables = {
+            **variables,
+            **gloo,
+            **one_thread(self.num_processes),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS,
+        }
+        if self.node_rank is not None:  # else each round gives the ranks their node's (NODE_RANK)
             variables["NODE_RANK"] = str(self.node_rank)
         if self.elastic:
             variables[MIN_NODES_VAR] = str(min_nodes)
-        config = LaunchConfig(
-            min_nodes=min_nodes,
-            max_nodes=self.num_nodes,
-            nproc_per_node=self.num_processes,
-            role="phalanx",
-            max_restarts=self.max_restarts,
-            monitor_interval=self.monitor_interval,
-            start_method="spawn",
-            logs_specs=DefaultLogsSpecs(
-                log_dir=str(logs),
-                redirects=Std.ALL if prefix_lines else Std.NONE,
-                tee=Std.ALL if prefix_lines else Std.NONE,
-            ),
-            log_line_prefix_template="[rank${rank}]: " if prefix_lines else None,
-            **newer,
-            **rendezvous,
+        logs_specs = DefaultLogsSpecs(
+            log_dir=str(logs),
+            redirects=Std.ALL if prefix_lines else Std.NONE,
+            tee=Std.ALL if prefix_lines else Std.NONE,
         )
         heartbeat = None
         if self.num_nodes > 1:  # a host lost without a word fails the round, or ends the job
@@ -423,7 +417,7 @@ class SubprocessLauncher(Launcher):
                 silent = functools.partial(self._store_silent, who)
             interval = interval_for(self.num_nodes, self._place().kind)
             heartbeat = Heartbeat(connect, interval, self.host_lost_after, on_silent=silent)
-        # A job in rounds: its agent watches the heartbeat; of fixed nodes, the node watch.
+        # A job in rounds: its rank loop watches the heartbeat; of fixed nodes, the node watch.
         watch = NodeWatch(
             self._watch_store(),
             self.node_rank,
@@ -434,29 +428,23 @@ class SubprocessLauncher(Launcher):
         )
         if heartbeat is not None and not self.elastic:
             heartbeat.on_lost = functools.partial(self._host_lost, watch)
-        with (
-            ledger,  # left last: after the watch
-            _variables(variables),
-            signal_handlers_kept(),
-            watch,
-            agent_class(
-                who,
-                self.max_restarts,
-                several_nodes=self.num_nodes > 1,
-                elastic=self.elastic,
-                ledger=ledger,
-                heartbeat=heartbeat if self.elastic else None,
-            ),
-        ):
-            # A signal from the watch may come while this node handles a
-            # failure of its own ranks, before settle() tells the watch to
-            # send none (the watch read another node's post a moment
-            # earlier): it is handled as any interrupt, below, from the
-            # ranks' error files (else elastic's SignalException escapes
-            # from the handler of ChildFailedError).
+        loop = RankLoop(
+            functools.partial(create, parameters),
+            command,
+            num_processes=self.num_processes,
+            max_restarts=self.max_restarts,
+            monitor_interval=self.monitor_interval,
+            logs_specs=logs_specs,
+            prefix_lines=prefix_lines,
+            who=who,
+            ledger=ledger,
+            several_nodes=self.num_nodes > 1,
+            heartbeat=heartbeat if self.elastic else None,
+        )
+        with ledger, _variables(variables), signal_handlers_kept(), watch:  # the ledger left last
             try:
                 try:
-                    elastic_launch(config, sys.executable)(*command)
+                    loop.run()
                 except store_lost_errors() as exc:
                     if not self.elastic or self._hosts_store or self._place().kind != "c10d":
                         raise
@@ -466,10 +454,7 @@ class SubprocessLauncher(Launcher):
                     node_now = ranks[0] // self.num_processes  # in rounds, this node's rank in the last one
                     failures = failures_of(exc, node_now if self.num_nodes > 1 else None)
                     local = root_cause(failures)
-                    try:
-                        first = watch.settle(local)
-                    except SignalException:  # the watch's signal, sent as this node's ranks failed too
-                        first = root_cause([local] + ([watch.remote] if watch.remote is not None else []))
+                    first = watch.settle(local)
                     if first is not local and prefix_lines:
                         print_elsewhere(first)
                     elif prefix_lines:
@@ -478,11 +463,11 @@ class SubprocessLauncher(Launcher):
                     raise worker_failed(
                         "subprocess", [first, *failures], self.world_size, stopped=stopped
                     ) from exc
-            except SignalException as exc:
-                if watch.interrupted_at is not None:  # another node's rank failed; the agent stopped ours
+            except (StopRequested, SignalException) as exc:
+                if watch.interrupted_at is not None:  # another node's rank failed; the loop stopped ours
                     # This node's own ranks may have failed a moment before
-                    # the post came (the watch is quicker than the agent's
-                    # monitor): settle what they raised as a failure of this
+                    # the post came (the watch is quicker than the loop's
+                    # look at the ranks): settle what they raised as a failure of this
                     # node, at once, so that every node weighs it (the other
                     # nodes wait for a cause only so long).
                     ranks, _ = self._this_node()
@@ -503,13 +488,14 @@ class SubprocessLauncher(Launcher):
                     stopped = stopped_words(self.num_nodes)
                     failed = [cause, *own]
                     raise worker_failed("subprocess", failed, self.world_size, stopped=stopped) from None
-                # The agent has stopped every rank. SIGINT ends this process
+                # The loop has stopped every rank. SIGINT ends this process
                 # as Ctrl-C does; any other signal as its default action
                 # would, with the status a shell shows for it (143 for
                 # SIGTERM), rather than elastic's traceback.
-                if exc.sigval == signal.SIGINT:
+                sigval = int(getattr(exc, "sigval", signal.SIGTERM))
+                if sigval == signal.SIGINT:
                     raise KeyboardInterrupt from None
-                raise SystemExit(128 + int(exc.sigval)) from None
+                raise SystemExit(128 + sigval) from None
 
     @property
     def elastic(self) -> bool:
@@ -548,12 +534,12 @@ class SubprocessLauncher(Launcher):
     def _store_silent(self, who: str, heartbeat: Any, seconds: float) -> None:
         """Node 0's store has not answered the heartbeat for ``seconds``:
         node 0 is lost without a word, and every request to its store waits
-        for TCP to give up (a quarter of an hour), elastic's agent among
+        for TCP to give up (a quarter of an hour), the rank loop's among
         them. Stop this node's ranks, say so, and end this process: nothing
-        else can end the agent's wait."""
+        else can end the loop's wait."""
         error = self._node_zero_lost(TimeoutError(f"no answer for {seconds:.0f} s"))
         with contextlib.suppress(Exception):  # stopping what can be stopped; the exit follows
-            stop_workers(heartbeat.agent)
+            heartbeat.loop.kill_ranks()
         say(who, str(error))
         sys.stdout.flush()
         os._exit(1)
@@ -591,31 +577,30 @@ class SubprocessLauncher(Launcher):
         )
 
     def _rendezvous(self) -> dict[str, Any]:
-        """LaunchConfig's rendezvous fields, and under ``"listen"`` the
-        address this node's sockets listen on (see :mod:`.listen`)."""
+        """How this node meets the others: the handler's factory
+        (``create``, given elastic's ``RendezvousParameters``), the fields of
+        those parameters (``backend``, ``endpoint``, ``run_id``,
+        ``local_addr``, ``configs``), and under ``"listen"`` the address
+        this node's sockets listen on (see :mod:`.listen`)."""
         timeout = int(self.rendezvous_timeout)
         if self.elastic:
             return self._rounds(timeout)
         if self.num_nodes == 1:
             return {
+                "create": create_one_node_rendezvous,
+                "backend": ONE_NODE,
                 "run_id": f"phalanx-{uuid.uuid4().hex}",
-                "rdzv_backend": register_rendezvous(ONE_NODE, create_one_node_rendezvous),
-                "rdzv_configs": {"timeout": timeout, "address": self.listen_on},
+                "configs": {"timeout": timeout, "address": self.listen_on},
                 "local_addr": self.listen_on,
                 "listen": self.listen_on,
             }
-        if self.environment is not None:
-            address, port = self.environment.main_address, self.environment.main_port
-        else:
-            address, port = (
-                os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                int(os.environ.get("MASTER_PORT", 29500)),
-            )
+        address, port = self._main()
         return {
+            "create": create_static_rendezvous,
+            "backend": STATIC,
             "run_id": f"phalanx-{address}:{port}",  # the same on every node
-            "rdzv_backend": register_rendezvous(STATIC, create_static_rendezvous),
-            "rdzv_endpoint": f"{address}:{port}",
-            "rdzv_configs": {"rank": self.node_rank, "timeout": timeout},
+            "endpoint": f"{address}:{port}",
+            "configs": {"rank": self.node_rank, "timeout": timeout, "address": address, "port": port},
             "listen": listen_address(address, port, self.num_nodes),
         }
 
@@ -626,10 +611,11 @@ class SubprocessLauncher(Launcher):
         listen = listen_address(host, port, self.num_nodes)
         store = job_store(place, host=listen, timeout=timeout) if self._hosts_store else None
         return {
+            "create": create_rounds,
+            "backend": ROUNDS,
             "run_id": place.name,
-            "rdzv_backend": register_rounds(),
-            "rdzv_endpoint": place.endpoint,
-            "rdzv_configs": {
+            "endpoint": place.endpoint,
+            "configs": {
                 "place": place,
                 "listen": listen,
                 "store": store,
@@ -760,7 +746,7 @@ def _interpreter_options(target_length: int) -> list[str]:
 def _variables(values: Mapping[str, str]) -> Iterator[None]:
     """Set environment variables (which the ranks inherit) for a launch;
     restore them, and the one elastic sets, afterwards."""
-    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE", "NODE_RANK"]  # the agent sets both
+    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE", "NODE_RANK"]  # set for the ranks, restored after
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(values)
     try:
@@ -777,7 +763,9 @@ def _variables(values: Mapping[str, str]) -> Iterator[None]:
 def _quiet(prefix: str) -> Iterator[None]:
     """Only critical records from the loggers under ``prefix`` (elastic sets
     a level on each of its module loggers, so the parent's is not enough)."""
-    import torch.distributed.elastic.agent.server.api  # noqa: F401 - its loggers exist from here on
+    # Its loggers exist from here on.
+    import torch.distributed.elastic.multiprocessing
+    import torch.distributed.elastic.rendezvous  # noqa: F401
 
     loggers = [logging.getLogger(prefix)] + [
         logger

@@ -36,9 +36,9 @@ _LAUNCHES = itertools.count(1)
 def record_exception(exc: BaseException) -> None:
     """Leave ``exc`` in torch elastic's error file (``TORCHELASTIC_ERROR_FILE``)
     as its ``ErrorHandler`` writes it, but whole or not at all: written
-    beside it, then renamed onto it. The agent stops every rank once one
+    beside it, then renamed onto it. The launching process stops every rank once one
     has failed; a rank stopped while its handler wrote would leave the file
-    cut short, and elastic's monitor, which parses it, raises
+    cut short, and elastic's process layer, which parses it, raises
     ``JSONDecodeError`` in place of the job's failure."""
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 

@@ -45,7 +45,7 @@ of them per round, whatever the number of nodes:
 
 There is no heartbeat: a lost node does not join the next round, which
 closes without it after ``last_call`` (a node lost between joining a round
-and its close is the one case this cannot see: the other agents wait for
+and its close is the one case this cannot see: the other nodes wait for
 it as they exchange their ranks, up to the store's timeout, as they do
 under elastic's dynamic rendezvous for a node lost once a round is
 complete). A waiting node
@@ -58,14 +58,17 @@ rendezvous is made.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Any
+
+from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
 
 #: Seconds between a waiting node's looks at whether the job was closed.
 JOB_CLOSED_EVERY = 1.0
-#: Seconds ``num_nodes_waiting`` keeps what it read (the agent asks every
+#: Seconds ``num_nodes_waiting`` keeps what it read (the rank loop asks every
 #: ``monitor_interval``, 0.1 s): one small read a second per node.
 WAITING_CACHE = 1.0
 #: The round's end written by a node that stopped waiting for it.
@@ -120,6 +123,9 @@ class CountedRounds:
         #: not join it (node rank, address, host name), and that round.
         self.left: list[tuple[int, str, str]] = []
         self.previous = -1
+        #: Set when this node is to stop waiting (the node watch read
+        #: another node's failure): the wait raises ``StopRequested``.
+        self.stop: threading.Event | None = None
 
     # -- keys -----------------------------------------------------------------
 
@@ -254,7 +260,10 @@ class CountedRounds:
                 if self.is_closed():
                     raise RendezvousClosedError
                 look_closed = now + JOB_CLOSED_EVERY
-            time.sleep(self.poll())
+            if self.stop is None:
+                time.sleep(self.poll())
+            elif self.stop.wait(self.poll()):
+                raise StopRequested
 
     def poll(self) -> float:
         """Seconds between two looks at the round's keys: 0.1 s for a few
@@ -262,7 +271,7 @@ class CountedRounds:
         store at most about 2,000 times a second (1 s from 2,000 nodes)."""
         return min(1.0, max(0.1, self.max_nodes / 2000))
 
-    # -- what the agent asks ----------------------------------------------------
+    # -- what the rank loop asks--------------------------------------------------
 
     @property
     def joined_any(self) -> bool:

@@ -1,13 +1,11 @@
 """The rendezvous of a job of the ``subprocess`` launcher that does not meet
 in rounds (:mod:`.rounds` is the other): every node once, on node 0's
-store (``phalanx-static``), or one node alone (``phalanx-one-node``),
-registered as torch elastic rendezvous handlers. Imports no torch at import
-time."""
+store (``phalanx-static``), or one node alone (``phalanx-one-node``), each
+a torch elastic ``RendezvousHandler``. Imports no torch at import time."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from phalanx_core.launching import LOOPBACK, hosted_store
@@ -20,72 +18,107 @@ ONE_NODE = "phalanx-one-node"
 STATIC = "phalanx-static"
 
 
-def register_rendezvous(name: str, create: Callable[[Any], Any]) -> str:
-    """Register (once) one of this module's elastic rendezvous; return its name."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(name, create)
-    return name
-
-
 def create_static_rendezvous(params: Any) -> Any:
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
-
-    static: Any = create_rdzv_handler(params)  # checks the endpoint and the rank
-    timeout = int(static.timeout.total_seconds())
+    """Every node once (elastic's ``RendezvousParameters`` ``params``: the
+    main address and port, this node's rank, the timeout in its config)."""
+    config = params.config
     handler = _static_rendezvous_class()(
-        static.master_addr, static.master_port, static.rank, static.world_size, static.run_id, timeout
+        config["address"],
+        int(config["port"]),
+        int(config["rank"]),
+        params.max_nodes,
+        params.run_id,
+        int(config.get("timeout", 900)),
     )
-    handler.ledger = params.config.get("ledger")
+    handler.ledger = config.get("ledger")
     return handler
 
 
 @functools.cache
 def _static_rendezvous_class() -> type:
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+    import datetime
 
-    class StaticRendezvous(StaticTCPRendezvous):
-        """Elastic's static rendezvous (several nodes; node 0's agent hosts
-        the store), with node 0's store listening on the address the other
-        nodes reach it by (see :mod:`.._launch.listen`), not on every interface."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousHandler,
+        RendezvousInfo,
+        RendezvousStoreInfo,
+    )
+
+    class StaticRendezvous(RendezvousHandler):
+        """Several nodes, once, each with the rank it was given: node 0's
+        launching process hosts the store (listening on the address the
+        other nodes reach it by, see :mod:`.._launch.listen`, not on every
+        interface), every node says it arrived, and node 0 waits for all,
+        saying what it waits for and naming a node that never comes
+        (:func:`.arrivals.meet`)."""
+
+        #: The launch's shared facts (:class:`~phalanx_torch._nodes.ledger.JobLedger`):
+        #: where lines go, and who keeps node 0's store once made, until
+        #: the node watch has left it.
+        ledger: JobLedger | None = None
+
+        def __init__(
+            self, address: str, port: int, rank: int, num_nodes: int, run_id: str, timeout: int
+        ) -> None:
+            self.address, self.port = address, port
+            self.rank, self.num_nodes = rank, num_nodes
+            self.run_id = run_id
+            self.timeout = datetime.timedelta(seconds=timeout)
+            self.store: Any = None
 
         def get_backend(self) -> str:
             return STATIC
 
-        #: The launch's shared facts (:class:`~phalanx_torch._nodes.ledger.JobLedger`):
-        #: where lines go, and who keeps node 0's store once made, after
-        #: elastic has dropped this handler, until the node watch has left.
-        ledger: JobLedger | None = None
+        @property
+        def use_agent_store(self) -> bool:
+            return True
 
         def next_rendezvous(self) -> Any:
-            if self._store is None:
-                # Every node says it arrived; node 0 waits for all, saying
-                # what it waits for, and names a node that never comes.
+            if self.store is None:
+
                 def host() -> Any:
-                    address = listen_address(self.master_addr, self.master_port, self.world_size)
+                    address = listen_address(self.address, self.port, self.num_nodes)
                     return hosted_store(
                         address,
-                        self.master_port,
-                        world_size=self.world_size,
+                        self.port,
+                        world_size=self.num_nodes,
                         timeout=self.timeout,
                         wait_for_workers=False,
                     )
 
-                self._store = meet(
+                self.store = meet(
                     node_rank=self.rank,
-                    num_nodes=self.world_size,
-                    address=self.master_addr,
-                    port=self.master_port,
+                    num_nodes=self.num_nodes,
+                    address=self.address,
+                    port=self.port,
                     timeout=self.timeout.total_seconds(),
                     host_store=host,
                     say=self.ledger.say if self.ledger is not None else None,
                 )
                 if self.ledger is not None:
-                    self.ledger.keep(self._store)
-            info = super().next_rendezvous()
+                    self.ledger.keep(self.store)
             if self.ledger is not None:
                 self.ledger.met()  # node 0's store is up: the node watch may connect
-            return info
+            prefixed = dist.PrefixStore(self.run_id, self.store)  # type: ignore[attr-defined]
+            return RendezvousInfo(
+                prefixed, self.rank, self.num_nodes, RendezvousStoreInfo(self.address, self.port)
+            )
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.run_id
+
+        def shutdown(self) -> bool:
+            return True
 
     return StaticRendezvous
 
@@ -110,7 +143,7 @@ def _one_node_rendezvous_class() -> type:
     class OneNodeRendezvous(RendezvousHandler):
         """One node (``torchrun --standalone``): every round, the first and
         each restart, gets a new TCPStore on a port the kernel gives, which
-        the agent keeps and the ranks join as clients. A new store per round
+        the launching process keeps and the ranks join as clients. A new store per round
         means a restarted rank never reads the keys of the attempt before
         (torch 2.13's c10d rendezvous keeps one store across restarts, and
         restarted ranks then connect to the dead ranks' addresses)."""

@@ -98,7 +98,7 @@ _PATIENCE_HERE = threading.local()
 @contextlib.contextmanager
 def briefly(patience: float = BRIEF_PATIENCE) -> Iterator[None]:
     """Requests of this thread within try for ``patience`` seconds only:
-    for what a job can do without (the agent's look for joining nodes
+    for what a job can do without (the rank loop's look for joining nodes
     while the ranks train, the writes at the job's end), so that a cluster
     that cannot answer does not hold the job up for :data:`PATIENCE`."""
     before = getattr(_PATIENCE_HERE, "value", None)

@@ -7,7 +7,7 @@ node watch posts the loss: ``on_lost``).
 A host whose processes are killed closes their connections as they end,
 and the ranks of the other nodes fail at once in their next collective. A
 host that is lost without a word closes nothing: the other ranks wait in
-their collective until gloo's timeout (30 minutes), and their agents,
+their collective until gloo's timeout (30 minutes), and their launching processes,
 whose own ranks look healthy, see nothing wrong. So each node's launching
 process adds 1 to a counter of its own in the job's store every
 :func:`interval_for` seconds, and reads the counter of the next node of
@@ -64,14 +64,14 @@ class Heartbeat:
         #: store has waited ``lost_after`` seconds without an answer, with
         #: those seconds: node 0's store lost without a word, where every
         #: request waits for TCP to give up (a quarter of an hour). It is
-        #: given this heartbeat (its :attr:`agent`) and the seconds.
+        #: given this heartbeat (its :attr:`loop`) and the seconds.
         self.on_silent = on_silent
         #: Called (from the heartbeat's thread) when the watched node is
         #: found lost, with its node rank, its host and the seconds it was
-        #: silent; else only :attr:`lost` says so (an agent reads it).
+        #: silent; else only :attr:`lost` says so (the rank loop reads it).
         self.on_lost = on_lost
-        #: This node's agent (elastic's), once a round has started.
-        self.agent: Any = None
+        #: This node's rank loop (``_launch.rank_loop.RankLoop``), once a round has started.
+        self.loop: Any = None
         self._asking_since: float | None = None
         #: The watched node and its host, once it is lost: (node rank, host).
         self.lost: tuple[int, str] | None = None

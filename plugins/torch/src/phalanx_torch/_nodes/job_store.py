@@ -109,7 +109,7 @@ def _check_etcd(place: RendezvousPlace, timeout: float) -> None:
 def allow_connections(count: int) -> None:
     """Raise this process's open-file limit (the soft one, up to the hard
     one) so that the store it hosts can hold ``count`` connections: four
-    per node (its agent, its node watch's two and its heartbeat), which at 4,096 nodes
+    per node (its rendezvous, its node watch's two and its heartbeat), which at 4,096 nodes
     is above the usual soft limit of 1,024."""
     import resource
 

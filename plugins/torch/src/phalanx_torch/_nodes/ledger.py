@@ -1,6 +1,6 @@
 """What the parts of one node's launch tell each other: one object, made
 by the ``subprocess`` launcher for each launch and handed to each part
-(the rendezvous handler through its configuration, the agent, the node
+(the rendezvous handler through its configuration, the rank loop, the node
 watch), in place of module-level events and lists that every launch in
 the process shared. Imports no torch."""
 
@@ -10,7 +10,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["JobLedger"]
+__all__ = ["JobLedger", "StopRequested"]
+
+
+class StopRequested(Exception):
+    """The node watch asked this node to stop its ranks (another node
+    posted a failure): raised in the launch's main thread, by the rank loop
+    or the rounds' wait, once it has stopped what it started."""
 
 
 class JobLedger:
@@ -18,15 +24,18 @@ class JobLedger:
 
     - whether this node has met the others (the rendezvous says so; the
       node watch connects to the job's store from then on);
-    - the rounds it met, as ``(node rank, number of nodes)`` (the agent
+    - the rounds it met, as ``(node rank, number of nodes)`` (the rank loop
       says each; the launcher reads the last for the ranks' results);
     - the rounds' handler, where the job meets in rounds (it says so as
-      it is made; the agent asks it for the job's restart count and for
+      it is made; the rank loop asks it for the job's restart count and for
       the nodes waiting to join);
     - the stores the launch must keep until its watch has left them (a
       static rendezvous hosts node 0's store, and elastic drops its
       handler, and the store with it, as its launch returns);
-    - where lines about the job go (``say``)."""
+    - where lines about the job go (``say``);
+    - whether the node watch asked this node to stop its ranks (an Event
+      the rank loop waits on between its looks at the ranks, and the
+      rounds' wait between its looks at the store)."""
 
     def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.say = say
@@ -35,6 +44,8 @@ class JobLedger:
         self._met = threading.Event()
         self._rounds: list[tuple[int, int]] = []
         self._kept: list[Any] = []
+        #: Set by the node watch: stop this node's ranks (:class:`StopRequested`).
+        self.stop_requested = threading.Event()
 
     # -- meeting ------------------------------------------------------------------
 
@@ -56,6 +67,11 @@ class JobLedger:
     def last_round(self) -> tuple[int, int] | None:
         """``(node rank, number of nodes)`` of the last round met, if any."""
         return self._rounds[-1] if self._rounds else None
+
+    def request_stop(self) -> None:
+        """Have the launch's main thread stop this node's ranks and raise
+        :class:`StopRequested` (from any thread)."""
+        self.stop_requested.set()
 
     # -- stores -------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ import contextlib
 import datetime
 import json
 import os
-import signal
 import socket
 import threading
 import time
@@ -44,8 +43,8 @@ class NodeWatch:
     ``cause/<j>``. A thread on every node waits for the next post, blocked
     in the store's ``wait`` on a connection of its own (a push: no request
     while nothing fails, however many nodes there are); on a node whose
-    ranks still run, a post stops them (SIGTERM to this process, which
-    elastic's agent turns into stopping its ranks), and :attr:`remote`
+    ranks still run, a post stops them (through the launch's ledger, which
+    the rank loop watches), and :attr:`remote`
     holds the failure the node reports. Which failure is the root cause is
     decided by :func:`~phalanx_core.launching.root_cause`: a rank that
     raised comes before a rank that lost its peer as a result. Nodes read
@@ -157,13 +156,13 @@ class NodeWatch:
                 time.sleep(self.POLL / 4)
 
     def _interrupt(self) -> None:
-        """Stop this node's ranks: SIGTERM, which elastic's agent handles by
-        stopping them, and which ends its run with a SignalException; not
+        """Stop this node's ranks: ask the launch's main thread through the
+        ledger (its rank loop stops them and raises ``StopRequested``); not
         once this node's own failure is being settled, or the launch is over."""
         with self._signal_lock:
             if not self._stop.is_set():
                 self.interrupted_at = time.time()
-                os.kill(os.getpid(), signal.SIGTERM)
+                self.ledger.request_stop()
 
     def post_cause(self, failure: RankFailure) -> None:
         """A failure this node saw elsewhere (a node lost without a word,
@@ -234,7 +233,7 @@ class NodeWatch:
 
     def _watch(self) -> None:
         # Connect once this node has met the others at the job's store (not
-        # while the agent's own client is still connecting to it).
+        # while the rendezvous' own client is still connecting to it).
         while not self.ledger.wait_met(self.POLL):
             if self._stop.is_set():
                 return

@@ -42,7 +42,7 @@ from phalanx_core.launching import hosted_store
 from .job_store import job_store
 from .rendezvous_place import RendezvousPlace
 
-__all__ = ["ELASTIC", "register"]
+__all__ = ["ELASTIC", "create"]
 
 #: The job's store key that counts the nodes whose wait for a round timed out.
 _TIMED_OUT_KEY = "phalanx/timed-out"
@@ -50,16 +50,8 @@ _TIMED_OUT_KEY = "phalanx/timed-out"
 #: its own wait for a round timed out, for the other nodes to time out too.
 TIMED_OUT_HOLD = 10.0
 
-#: The name this module's handler is registered under in elastic.
+#: The name of this module's rendezvous (its handler's backend).
 ELASTIC = "phalanx-elastic"
-
-
-def register() -> str:
-    """Register (once) this module's rendezvous with elastic; its name."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(ELASTIC, _create)
-    return ELASTIC
 
 
 #: Seconds a node waits for the node that counts a round's failure to say
@@ -67,7 +59,8 @@ def register() -> str:
 COUNT_WAIT = 10.0
 
 
-def _create(params: Any) -> Any:
+def create(params: Any) -> Any:
+    """The rounds' handler for elastic's ``RendezvousParameters`` ``params``."""
     config = params.config
     place: RendezvousPlace = config["place"]
     timeout = float(config["timeout"])
@@ -91,7 +84,8 @@ def _create(params: Any) -> Any:
     ledger = config.get("ledger")
     handler.ledger = ledger
     if ledger is not None:
-        ledger.rounds = handler  # the agent's to ask
+        ledger.rounds = handler  # the rank loop's to ask
+        inner.stop = ledger.stop_requested
     handler.say = ledger.say if ledger is not None else None
     handler.hosts_store = config.get("store") is not None
     handler.in_etcd = place.kind == "etcd"

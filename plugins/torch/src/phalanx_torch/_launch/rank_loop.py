@@ -1,0 +1,365 @@
+"""A node's ranks started, watched, restarted and stopped by a loop of
+phalanx's own on the public face of ``torch.distributed.elastic``: its
+process layer (``start_processes`` and the ``PContext`` it returns, its
+log specs and error files) and a ``RendezvousHandler``. Elastic's agent
+(``LocalElasticAgent``) decides restarts per node and hides the round it
+met, the ranks it started and its restart count in private attributes;
+this loop holds them itself: the job's restart count where the nodes meet
+in rounds (:mod:`.._nodes.rounds`), the heartbeat's verdict, a node
+joining told from a failure. Imports no torch at import time.
+
+Each rank gets the variables elastic's agent gives (:func:`rank_env`), so
+a script, torch's environment readers and phalanx's ``TorchElasticEnvironment``
+see a rank of ``torchrun``; its error file and its output go where elastic's
+``DefaultLogsSpecs`` puts them (``<logs>/<run>/attempt_<restart>/<local rank>/``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from phalanx_core.launching import STOP_GRACE
+
+from .._nodes.heartbeat import Heartbeat
+from .._nodes.ledger import JobLedger, StopRequested
+from .failures import lost_words, say, say_restart
+from .ranks import RESULTS_DIR_VAR
+
+__all__ = ["SIGNALS", "RankLoop", "rank_env"]
+
+#: The signals that stop the ranks and end the launching process (elastic's
+#: process layer installs a handler for each as it starts the ranks, which
+#: raises its ``SignalException``).
+SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+#: The name the ranks' role goes by (``ROLE_NAME``), as elastic's agent names it.
+ROLE = "phalanx"
+
+#: The job store's key prefix of the barrier the nodes of a round pass as they end well.
+_ENDED = "phalanx/ended"
+#: How long a node that ended well waits at most for the others to end.
+EXIT_BARRIER = 300.0
+
+
+def rank_env(
+    *,
+    local_rank: int,
+    num_processes: int,
+    group_rank: int,
+    group_world_size: int,
+    master: tuple[str, int],
+    restart_count: int,
+    max_restarts: int,
+    run_id: str,
+    use_agent_store: bool,
+) -> dict[str, str]:
+    """The variables of local rank ``local_rank`` of node ``group_rank``:
+    those elastic's agent gives each rank (``torchrun``'s), with the ranks
+    of one role numbered node by node."""
+    rank = group_rank * num_processes + local_rank
+    world = group_world_size * num_processes
+    env = {
+        "LOCAL_RANK": str(local_rank),
+        "RANK": str(rank),
+        "GROUP_RANK": str(group_rank),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": ROLE,
+        "LOCAL_WORLD_SIZE": str(num_processes),
+        "WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": str(group_world_size),
+        "ROLE_WORLD_SIZE": str(world),
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+class RankLoop:
+    """One node's part of a launch: meet the other nodes (``make_handler()``,
+    a ``RendezvousHandler``), start ``num_processes`` ranks of ``python
+    *command``, watch them, and after a failure stop them, meet again and
+    start them again while the restarts allow.
+
+    :meth:`run` returns once every rank has ended well (after the nodes'
+    exit barrier); it raises elastic's ``ChildFailedError`` (the failed
+    ranks, by global rank) when the restarts are spent, ``NodeLostError``
+    for a node the heartbeat found lost with none left, and elastic's
+    ``SignalException`` for a signal (the ranks stopped with it, the
+    rendezvous left open, as elastic's launch leaves it for the next
+    scaling), and ``StopRequested`` when the node watch asks the ranks to
+    stop (the ledger's ``stop_requested``, waited on between the looks at
+    the ranks). The ranks never outlive it."""
+
+    def __init__(
+        self,
+        make_handler: Callable[[], Any],
+        command: Sequence[str],
+        *,
+        num_processes: int,
+        max_restarts: int,
+        monitor_interval: float,
+        logs_specs: Any,
+        prefix_lines: bool,
+        who: str,
+        ledger: JobLedger,
+        several_nodes: bool,
+        heartbeat: Heartbeat | None = None,
+    ) -> None:
+        self.make_handler = make_handler
+        self.command = tuple(command)
+        self.num_processes = num_processes
+        self.max_restarts = max_restarts
+        self.monitor_interval = monitor_interval
+        self.logs_specs = logs_specs
+        self.prefix_lines = prefix_lines
+        self.who = who
+        self.ledger = ledger
+        self.several_nodes = several_nodes
+        self.heartbeat = heartbeat
+        self.handler: Any = None
+        #: The ranks' processes (elastic's ``PContext``) while they run.
+        self.processes: Any = None
+        #: This node's rank and the number of nodes, in the round met last.
+        self.group_rank = 0
+        self.group_world_size = 1
+        #: The restart the running ranks are (``TORCHELASTIC_RESTART_COUNT``).
+        self.restart_count = 0
+        self._lock = threading.Lock()
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> None:
+        from torch.distributed.elastic.multiprocessing import SignalException
+
+        shut_down = True
+        try:
+            self.handler = self.make_handler()
+            info = self._meet()
+            while True:
+                if self.ledger.stop_requested.is_set():
+                    raise StopRequested
+                self._start(info)
+                verdict = self._watch()
+                if verdict is None:  # every rank ended well
+                    self._exit_barrier(info)
+                    return
+                self._close(signal.SIGTERM)
+                info = self._meet()
+        except SignalException as exc:
+            # Ctrl-C, a scheduler's SIGTERM: the ranks stop with that
+            # signal; the rendezvous stays open (closing it would end the
+            # job for the other nodes' next round).
+            shut_down = False
+            self._close(exc.sigval)
+            raise
+        except StopRequested:
+            # The node watch read another node's failure: that node ends the
+            # job and closes the rendezvous; this one only stops.
+            shut_down = False
+            raise
+        finally:
+            self._close(signal.SIGTERM)
+            if self.heartbeat is not None:
+                self.heartbeat.close()
+            if shut_down and self.handler is not None:
+                with contextlib.suppress(Exception):
+                    self.handler.shutdown()
+
+    def _meet(self) -> Any:
+        """The next round: its rendezvous, and what a round of the job's
+        rounds sets (the job's restart count, the heartbeat's round, the
+        ledger's record)."""
+        info = self.handler.next_rendezvous()
+        self.group_rank, self.group_world_size = int(info.rank), int(info.world_size)
+        rounds = self.ledger.rounds
+        if rounds is not None:
+            self.restart_count = min(int(rounds.restarts()), self.max_restarts)
+            if self.heartbeat is not None:
+                self.heartbeat.loop = self  # whose ranks to stop if the store goes silent
+                self.heartbeat.start_round(rounds.round, self.group_rank, self.group_world_size)
+            self.ledger.round_met(self.group_rank, self.group_world_size)
+            results = os.environ.get(RESULTS_DIR_VAR)
+            if results:  # what ranks of a round before left is not this round's
+                for stale in Path(results).glob("*.pkl"):
+                    stale.unlink(missing_ok=True)
+        return info
+
+    def _start(self, info: Any) -> None:
+        from torch.distributed.elastic.multiprocessing import start_processes
+
+        store_info = info.bootstrap_store_info
+        envs = {}
+        prefixes: dict[int, str] | None = {} if self.prefix_lines else None
+        for local in range(self.num_processes):
+            env = rank_env(
+                local_rank=local,
+                num_processes=self.num_processes,
+                group_rank=self.group_rank,
+                group_world_size=self.group_world_size,
+                master=(store_info.master_addr, int(store_info.master_port)),
+                restart_count=self.restart_count,
+                max_restarts=self.max_restarts,
+                run_id=self.handler.get_run_id(),
+                use_agent_store=bool(self.handler.use_agent_store),
+            )
+            if self.ledger.rounds is not None:
+                env["NODE_RANK"] = str(self.group_rank)  # the ranks' node, this round
+            envs[local] = env
+            if prefixes is not None:
+                prefixes[local] = f"[rank{self.group_rank * self.num_processes + local}]: "
+        processes = start_processes(
+            name=ROLE,
+            entrypoint=sys.executable,
+            args={local: self.command for local in range(self.num_processes)},
+            envs=envs,
+            logs_specs=self.logs_specs,
+            log_line_prefixes=prefixes,
+            start_method="spawn",
+        )
+        with self._lock:
+            self.processes = processes
+
+    def _watch(self) -> Any:
+        """Watch the ranks until the round ends: ``None`` when every rank
+        ended well; else the next round is to be met (a restart, said and
+        counted, or nodes joining); raises when the restarts are spent."""
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        while True:
+            if self.ledger.stop_requested.wait(self.monitor_interval):
+                self._close(signal.SIGTERM)
+                raise StopRequested
+            result = self.processes.wait(0)
+            lost = self.heartbeat.lost if self.heartbeat is not None and result is None else None
+            if result is not None and not result.is_failed():
+                return None
+            if result is not None or lost is not None:
+                # Elastic's error holds one failed rank at least: none where only the heartbeat saw a loss.
+                failed = ChildFailedError(ROLE, self._global(result.failures)) if result is not None else None
+                return self._after_failure(failed, lost)
+            if self.handler.num_nodes_waiting() > 0:
+                return self._joined_or_failed_elsewhere()
+
+    def _global(self, failures: dict[int, Any]) -> dict[int, Any]:
+        first = self.group_rank * self.num_processes
+        return {first + int(local): failure for local, failure in failures.items()}
+
+    def _after_failure(self, failed: Any, lost: tuple[int, str] | None) -> str:
+        """This node's ranks failed (``failed``: elastic's error, every
+        failed rank of it), or the heartbeat found node ``lost`` silent
+        while they ran (they wait for it in a collective; ``failed`` is
+        ``None``): count the failure and restart, or raise."""
+        rounds = self.ledger.rounds
+        if rounds is None:  # this node's own count
+            restart = self.restart_count + 1
+        elif lost is None and rounds.nodes_waiting_now() and not rounds.failed():
+            # Waiting first, then failed: a node whose ranks failed counts
+            # the failure before it joins the next round, so a node seen
+            # waiting has counted it by the time it is read. A node waits
+            # and no node saw this round fail: another node has stopped its
+            # ranks for a new round, and ours lost their peers. A change
+            # of members, not a failure (not counted).
+            self._say_join()
+            return "joined"
+        else:
+            restart = int(rounds.count_failure())  # the job's count, this round's failure included
+        if restart > self.max_restarts:
+            self._close(signal.SIGTERM)
+            if lost is not None:
+                from phalanx_core import NodeLostError
+
+                lost_after = self.heartbeat.lost_after if self.heartbeat is not None else 0.0
+                words = f"{lost_words(lost, lost_after)}, and the job has no restarts left"
+                raise NodeLostError(words, node=lost[0], address=lost[1])
+            raise failed
+        if rounds is None:
+            self.restart_count = restart
+        if lost is not None:
+            lost_after = self.heartbeat.lost_after if self.heartbeat is not None else 0.0
+            say(self.who, f"{lost_words(lost, lost_after)}; every rank is stopped and started again "
+                f"(restart {restart} of {self.max_restarts})")  # fmt: skip
+        else:
+            node = self.group_rank if self.several_nodes else None
+            say_restart(self.who, failed, restart, self.max_restarts, node)
+        return "restart"
+
+    def _joined_or_failed_elsewhere(self) -> str:
+        """Our ranks run, and a node waits to join: another node whose
+        ranks failed counted the failure before it joined (then ours lost
+        their peer and were slower to end than that node was to count and
+        join), or nodes ask to join the running job (not counted)."""
+        rounds = self.ledger.rounds
+        if rounds is not None and rounds.failed():
+            restart = min(int(rounds.count_failure()), self.max_restarts)  # the count that node made
+            say(
+                self.who,
+                "a rank on another node failed (that node's output says which); every rank is "
+                f"stopped and started again (restart {restart} of {self.max_restarts})",
+            )
+            return "restart"
+        self._say_join()
+        return "joined"
+
+    def _say_join(self) -> None:
+        waiting = int(self.handler.num_nodes_waiting())
+        say(
+            self.who,
+            f"{waiting or 'a'} node{'s' if waiting > 1 else ''} asked to join; every rank is stopped and "
+            "the nodes meet in a new round (not counted as a restart)",
+        )
+
+    def _exit_barrier(self, info: Any) -> None:
+        """Every rank of this node ended well: tell the heartbeat (the
+        others finishing do not take this node for lost), then wait for
+        every node of the round to end (at most :data:`EXIT_BARRIER`
+        seconds), so that the job's store outlives none of them. In etcd,
+        a cluster that cannot answer costs the job's end 2 s, not a
+        request's full patience; a barrier that fails ends the node as it
+        would have (each node's ranks ended well)."""
+        from torch.distributed.elastic.multiprocessing import SignalException
+
+        from .._nodes import etcd3
+
+        if self.heartbeat is not None:
+            self.heartbeat.done()
+        if self.group_world_size < 2:
+            return
+        store = info.store
+        try:
+            with etcd3.briefly():
+                if int(store.add(f"{_ENDED}/count", 1)) >= self.group_world_size:
+                    store.set(f"{_ENDED}/all", "1")
+                store.wait([f"{_ENDED}/all"], datetime.timedelta(seconds=EXIT_BARRIER))
+        except SignalException:
+            raise
+        except Exception:  # noqa: BLE001 - the node's own ranks ended well: so does the node
+            pass
+
+    # -- stopping -----------------------------------------------------------------
+
+    def _close(self, sig: int) -> None:
+        with self._lock:
+            processes, self.processes = self.processes, None
+        if processes is not None:
+            processes.close(death_sig=sig, timeout=STOP_GRACE)
+
+    def kill_ranks(self) -> None:
+        """Stop the ranks now, from any thread (the heartbeat's, when node
+        0's store went silent and this process is about to end)."""
+        self._close(signal.SIGTERM)
