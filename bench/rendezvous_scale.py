@@ -119,6 +119,7 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import RankFailure, hosted_store, root_cause
+from phalanx_torch._nodes import job_keys
 from phalanx_torch._nodes import rendezvous_place as _rendezvous_place
 from phalanx_torch._nodes import rounds as _rounds
 from phalanx_torch._nodes.node_watch import NodeWatch as _NodeWatch
@@ -308,7 +309,7 @@ class SimWatch(_NodeWatch):
                 self.seen(time.monotonic())
 
     def _connect_waiter(self) -> Any:
-        return dist.PrefixStore("phalanx/failed", self.waiter_client())
+        return dist.PrefixStore(job_keys.FAILURES, self.waiter_client())
 
     def _watch_poll(self) -> None:
         """The watch before the push: the count of posts every ``POLL``

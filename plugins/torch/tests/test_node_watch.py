@@ -27,6 +27,7 @@ import torch.distributed as dist
 from counting_store import Counted
 
 from phalanx_core.launching import RankFailure, hosted_store
+from phalanx_torch._nodes import job_keys
 from phalanx_torch._nodes import job_store as _job_store
 from phalanx_torch._nodes.node_watch import NodeWatch
 
@@ -233,7 +234,7 @@ def test_each_node_counts_once_among_those_done_reading(store):
         _until(lambda: len(named) == 3, "a node never settled")
         assert {i: f.rank for i, f in named.items()} == {0: 0, 1: 0, 2: 0}
         assert done[0] == {1, 2}, "node 0 left before node 2 had read its cause"
-        assert int(store.add("phalanx/failed/done", 0)) == 2  # node 1 once, node 2 once
+        assert int(store.add(f"{job_keys.FAILURES}/done", 0)) == 2  # node 1 once, node 2 once
     finally:
         for node in nodes:
             node.__exit__(None, None, None)

@@ -28,6 +28,7 @@ from typing import Any
 
 from phalanx_core.launching import STOP_GRACE
 
+from .._nodes import job_keys
 from .._nodes.heartbeat import Heartbeat
 from .._nodes.ledger import JobLedger, StopRequested
 from .failures import lost_words, say, say_restart
@@ -43,8 +44,6 @@ SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The name the ranks' role goes by (``ROLE_NAME``), as elastic's agent names it.
 ROLE = "phalanx"
 
-#: The job store's key prefix of the barrier the nodes of a round pass as they end well.
-_ENDED = "phalanx/ended"
 #: How long a node that ended well waits at most for the others to end.
 EXIT_BARRIER = 300.0
 
@@ -343,9 +342,9 @@ class RankLoop:
         store = info.store
         try:
             with etcd3.briefly():
-                if int(store.add(f"{_ENDED}/count", 1)) >= self.group_world_size:
-                    store.set(f"{_ENDED}/all", "1")
-                store.wait([f"{_ENDED}/all"], datetime.timedelta(seconds=EXIT_BARRIER))
+                if int(store.add(job_keys.ENDED_COUNT, 1)) >= self.group_world_size:
+                    store.set(job_keys.ENDED_ALL, "1")
+                store.wait([job_keys.ENDED_ALL], datetime.timedelta(seconds=EXIT_BARRIER))
         except SignalException:
             raise
         except Exception:  # noqa: BLE001 - the node's own ranks ended well: so does the node

@@ -16,6 +16,8 @@ from typing import Any
 
 from phalanx_core import NodeLostError
 
+from . import job_keys
+
 __all__ = ["FIRST_SAY", "SAY_EVERY", "meet"]
 
 #: Seconds before a waiting node first says what it waits for on stderr,
@@ -47,30 +49,30 @@ def meet(
     where = f"{address}:{port}"
     if node_rank == 0:
         store = host_store()
-        store.set("phalanx/arrived/0", socket.gethostname())
-        expected = [f"phalanx/arrived/{node}" for node in range(1, num_nodes)]
+        store.set(job_keys.arrived(0), socket.gethostname())
+        expected = [job_keys.arrived(node) for node in range(1, num_nodes)]
         next_say = time.monotonic() + FIRST_SAY
         while not store.check(expected):
             now = time.monotonic()
-            missing = [node for node in range(1, num_nodes) if not store.check([f"phalanx/arrived/{node}"])]
+            missing = [node for node in range(1, num_nodes) if not store.check([job_keys.arrived(node)])]
             if now > deadline:
                 message = _never_came(missing, num_nodes, where, timeout)
-                store.set("phalanx/missing", message)
+                store.set(job_keys.MISSING, message)
                 _linger_for_readers(store, num_nodes)
                 raise NodeLostError(message, node=missing[0], address=where)
             if now > next_say:
                 say(_waiting(missing, num_nodes, where, deadline - now))
                 next_say = now + SAY_EVERY
             time.sleep(_POLL)
-        store.set("phalanx/met", "1")
+        store.set(job_keys.MET, "1")
         return store
     store = _connect(dist, address, port, deadline, where, say)
-    store.set(f"phalanx/arrived/{node_rank}", socket.gethostname())
+    store.set(job_keys.arrived(node_rank), socket.gethostname())
     next_say = time.monotonic() + FIRST_SAY
-    while not store.check(["phalanx/met"]):
-        if store.check(["phalanx/missing"]):
-            message = store.get("phalanx/missing").decode()
-            store.add("phalanx/missing-read", 1)
+    while not store.check([job_keys.MET]):
+        if store.check([job_keys.MISSING]):
+            message = store.get(job_keys.MISSING).decode()
+            store.add(job_keys.MISSING_READ, 1)
             raise NodeLostError(message, node=-1, address=where)
         now = time.monotonic()
         if now > deadline + 5 * _POLL:  # node 0 says who is missing; it may be node 0 that went
@@ -134,9 +136,9 @@ def _waiting(missing: list[int], num_nodes: int, where: str, left: float) -> str
 def _linger_for_readers(store: Any, num_nodes: int) -> None:
     """Keep node 0's store up a moment, until the nodes that arrived have
     read who is missing (at most 2 s)."""
-    arrived = sum(store.check([f"phalanx/arrived/{node}"]) for node in range(1, num_nodes))
+    arrived = sum(store.check([job_keys.arrived(node)]) for node in range(1, num_nodes))
     end = time.monotonic() + 2.0
-    while store.add("phalanx/missing-read", 0) < arrived and time.monotonic() < end:
+    while store.add(job_keys.MISSING_READ, 0) < arrived and time.monotonic() < end:
         time.sleep(_POLL)
 
 

@@ -62,6 +62,7 @@ import threading
 import time
 from typing import Any
 
+from . import job_keys
 from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
@@ -74,7 +75,6 @@ WAITING_CACHE = 1.0
 #: The round's end written by a node that stopped waiting for it.
 ABANDONED = "abandoned"
 #: Where the rendezvous keeps its keys in the job's store.
-PREFIX = "phalanx/rdzv"
 
 
 class CountedRounds:
@@ -131,7 +131,7 @@ class CountedRounds:
 
     @staticmethod
     def _key(round_: int, name: str) -> str:
-        return f"{PREFIX}/{round_}/{name}"
+        return job_keys.round_key(round_, name)
 
     def _enter(self, round_: int) -> int:
         """Join round ``round_``: this node's place in it (1 for the first)."""
@@ -151,7 +151,7 @@ class CountedRounds:
 
         deadline = time.monotonic() + self.join_timeout
         store = self.store
-        round_ = max(self.round + 1, int(store.add(f"{PREFIX}/open", 0)))
+        round_ = max(self.round + 1, int(store.add(job_keys.OPEN, 0)))
         self._waiting = None
         self._visited = []
         while True:
@@ -178,15 +178,15 @@ class CountedRounds:
         self.round, self._joining = round_, -1
         world_size = int(end)
         if place == 1:
-            previous = int(store.add(f"{PREFIX}/open", 0)) - 1  # the round met before (-1: none)
-            store.set(f"{PREFIX}/open", str(round_ + 1))  # where a new node starts
+            previous = int(store.add(job_keys.OPEN, 0)) - 1  # the round met before (-1: none)
+            store.set(job_keys.OPEN, str(round_ + 1))  # where a new node starts
             self._give_ranks(round_, world_size, previous)
         rank = int(store.get(self._key(round_, f"rank/{place}")))
         self.wanted = rank
         previous_text, _, left = bytes(store.get(self._key(round_, "left"))).decode().partition("\n")
         self.previous = int(previous_text)
         self.left = [_member(line) for line in left.splitlines()]
-        round_store = dist.PrefixStore(f"{PREFIX}/{round_}/store", store)  # type: ignore[attr-defined]
+        round_store = dist.PrefixStore(job_keys.round_store(round_), store)  # type: ignore[attr-defined]
         return round_store, rank, world_size, self.address
 
     def _give_ranks(self, round_: int, world_size: int, previous: int) -> None:
@@ -314,10 +314,10 @@ class CountedRounds:
         return count
 
     def is_closed(self) -> bool:
-        return bool(self.store.check([f"{PREFIX}/closed"]))
+        return bool(self.store.check([job_keys.CLOSED]))
 
     def set_closed(self) -> None:
-        self.store.set(f"{PREFIX}/closed", "1")
+        self.store.set(job_keys.CLOSED, "1")
 
     def get_run_id(self) -> str:
         return self.run_id

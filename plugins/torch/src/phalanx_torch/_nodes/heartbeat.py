@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import job_keys
+
 #: Seconds without a beat of the watched node after which it is lost.
 LOST_AFTER = 15.0
 #: What a node's counter is set to as its launch ends well.
@@ -83,7 +85,7 @@ class Heartbeat:
 
     @staticmethod
     def _key(round_: int, rank: int, what: str) -> str:
-        return f"phalanx/beat/{round_}/{rank}/{what}"
+        return job_keys.beat(round_, rank, what)
 
     def start_round(self, round_: int, rank: int, world_size: int) -> None:
         """This node is node ``rank`` of round ``round_``'s ``world_size``."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx_core.launching import RankFailure, root_cause
 
+from . import job_keys
 from .ledger import JobLedger
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class NodeWatch:
                 import torch.distributed as dist
 
                 assert self.connect is not None
-                self._store = dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
+                self._store = dist.PrefixStore(job_keys.FAILURES, self.connect())  # type: ignore[attr-defined]
             return self._store
 
     def _connect_waiter(self) -> Any:
@@ -199,7 +200,7 @@ class NodeWatch:
         import torch.distributed as dist
 
         assert self.connect is not None
-        return dist.PrefixStore("phalanx/failed", self.connect())  # type: ignore[attr-defined]
+        return dist.PrefixStore(job_keys.FAILURES, self.connect())  # type: ignore[attr-defined]
 
     def _read(
         self, store: Any, kind: str, first: int = 1, last: int | None = None

@@ -39,13 +39,12 @@ from typing import Any
 
 from phalanx_core.launching import hosted_store
 
+from . import job_keys
 from .job_store import job_store
 from .rendezvous_place import RendezvousPlace
 
 __all__ = ["ELASTIC", "create"]
 
-#: The job's store key that counts the nodes whose wait for a round timed out.
-_TIMED_OUT_KEY = "phalanx/timed-out"
 #: How long the node that hosts the job's store keeps it up at most after
 #: its own wait for a round timed out, for the other nodes to time out too.
 TIMED_OUT_HOLD = 10.0
@@ -177,8 +176,8 @@ def _handler_class() -> type:
             self.group_rank, self.group_world_size = rank, world_size
             if rank == 0:
                 self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
-                store.set("phalanx/ranks-store", f"{self._listen or address} {self._round_store.port}")
-            address, port = store.get("phalanx/ranks-store").decode().split()
+                store.set(job_keys.RANKS_STORE, f"{self._listen or address} {self._round_store.port}")
+            address, port = store.get(job_keys.RANKS_STORE).decode().split()
             if self._inner.left and self.say is not None:
                 self.say(self.left_words())
             if self.ledger is not None:
@@ -207,11 +206,11 @@ def _handler_class() -> type:
             must stay up until they have, or they would say "node 0 lost"
             instead of the same verdict."""
             try:
-                self.job_store.add(_TIMED_OUT_KEY, 1)
+                self.job_store.add(job_keys.TIMED_OUT, 1)
                 if not self.hosts_store:
                     return
                 deadline = time.monotonic() + TIMED_OUT_HOLD
-                while self.job_store.add(_TIMED_OUT_KEY, 0) < len(self.joined):
+                while self.job_store.add(job_keys.TIMED_OUT, 0) < len(self.joined):
                     if time.monotonic() >= deadline:
                         return
                     time.sleep(0.05)
@@ -240,9 +239,9 @@ def _handler_class() -> type:
             reports it first); the job's restarts so far, this one included."""
             if self.round_store is None:
                 return 0
-            counted = "phalanx/restarts-counted"
-            if self.round_store.add("phalanx/failed", 1) == 1:
-                restarts = int(self.job_store.add("phalanx/restarts", 1))
+            counted = job_keys.RESTARTS_COUNTED
+            if self.round_store.add(job_keys.ROUND_FAILED, 1) == 1:
+                restarts = int(self.job_store.add(job_keys.RESTARTS, 1))
                 self.round_store.set(counted, str(restarts))
                 return restarts
             # Another node counts it: read the count it made, not the job's
@@ -254,7 +253,7 @@ def _handler_class() -> type:
                 time.sleep(0.01)
             if self.round_store.check([counted]):
                 return int(self.round_store.get(counted))
-            return int(self.job_store.add("phalanx/restarts", 0))  # the counting node is gone
+            return int(self.job_store.add(job_keys.RESTARTS, 0))  # the counting node is gone
 
         def nodes_waiting_now(self) -> int:
             """:meth:`num_nodes_waiting` read from the store now, not the
@@ -264,11 +263,11 @@ def _handler_class() -> type:
 
         def failed(self) -> bool:
             """Whether a node counted this round's failure already."""
-            return self.round_store is not None and bool(self.round_store.check(["phalanx/failed"]))
+            return self.round_store is not None and bool(self.round_store.check([job_keys.ROUND_FAILED]))
 
         def restarts(self) -> int:
             """How many rounds of this job failed and were started again."""
-            return int(self.job_store.add("phalanx/restarts", 0))
+            return int(self.job_store.add(job_keys.RESTARTS, 0))
 
         def is_closed(self) -> bool:
             return bool(self._inner.is_closed())

@@ -1,0 +1,84 @@
+"""Every key a job of several nodes keeps in its store (node 0's
+``TCPStore``, or the job's prefix in etcd), in one place: who writes each
+and who reads it is in architecture.md's table "Fault tolerance across
+nodes". The parts (the rounds, the rank loop, the heartbeat, the node
+watch, the arrivals of a job that meets once) take their names from here
+and from nowhere else. Imports nothing.
+
+Keys of the job's store are absolute; those said to be "in the round's
+store" are under :func:`round_store` (the prefix the rounds' handler gives
+the round's nodes), and those "in the watch's store" under :data:`FAILURES`.
+"""
+
+from __future__ import annotations
+
+# -- the rounds (counted_rounds, rounds) -------------------------------------------
+
+#: The counted rounds' keys.
+RDZV = "phalanx/rdzv"
+#: The round a new node starts at.
+OPEN = f"{RDZV}/open"
+#: The job is over: no node joins any round.
+CLOSED = f"{RDZV}/closed"
+#: The job's restarts (a counter).
+RESTARTS = "phalanx/restarts"
+#: The nodes whose wait for a round timed out (a counter).
+TIMED_OUT = "phalanx/timed-out"
+
+
+def round_key(round_: int, name: str) -> str:
+    """Key ``name`` of round ``round_`` (``joined``, ``node/P``, ``min``,
+    ``closed``, ``rank/P``, ``members``, ``left``)."""
+    return f"{RDZV}/{round_}/{name}"
+
+
+def round_store(round_: int) -> str:
+    """The prefix of round ``round_``'s own keys (the rendezvous store the
+    round's nodes get)."""
+    return f"{RDZV}/{round_}/store"
+
+
+# -- in the round's store ----------------------------------------------------------
+
+#: The round failed: the first node to see it counts it for the job (a counter).
+ROUND_FAILED = "phalanx/round-failed"
+#: The job's restarts once that node counted the round's failure.
+RESTARTS_COUNTED = "phalanx/restarts-counted"
+#: Where the round's ranks meet: the address and port of the store the
+#: round's node 0 hosts for them.
+RANKS_STORE = "phalanx/ranks-store"
+#: The exit barrier of a round whose ranks ended well: the nodes ended so
+#: far (a counter), and the key the last of them sets.
+ENDED_COUNT = "phalanx/ended/count"
+ENDED_ALL = "phalanx/ended/all"
+
+
+# -- the heartbeat -----------------------------------------------------------------
+
+
+def beat(round_: int, node: int, what: str) -> str:
+    """Node ``node``'s ``beats`` (a counter that moves) or ``host`` (its
+    host's name) in round ``round_`` (0 in a job of fixed nodes)."""
+    return f"phalanx/beat/{round_}/{node}/{what}"
+
+
+# -- the node watch ----------------------------------------------------------------
+
+#: The prefix of the node watch's keys (``post/I``, ``posts``, ``cause/I``,
+#: ``causes``, ``done``, ``left``): the failures the nodes post.
+FAILURES = "phalanx/failures"
+
+
+# -- a job that meets once (arrivals) ---------------------------------------------
+
+
+def arrived(node: int) -> str:
+    """Node ``node`` arrived (its host's name)."""
+    return f"phalanx/arrived/{node}"
+
+
+#: Node 0's word for the nodes that never came; how many nodes read it.
+MISSING = "phalanx/missing"
+MISSING_READ = "phalanx/missing-read"
+#: Every node arrived.
+MET = "phalanx/met"
