@@ -13,9 +13,11 @@ looks its address up in the DNS), and does what a node's launching process
 does with the store: ``_rounds.create`` from the parameters the launcher
 gives (the handler the launcher uses: ``RoundRendezvous`` over the counted
 rounds, or over elastic's dynamic handler with its c10d backend and a
-keep-alive of ``keep_alive_for(N)``), ``next_rendezvous()`` and the
-agent's ``_assign_worker_ranks``, then the agent's loop
-(``num_nodes_waiting()`` every 0.1 s). Phases:
+keep-alive of ``keep_alive_for(N)``), ``next_rendezvous()`` and the read of
+the job's restarts, then the rank loop's look for joining nodes
+(``num_nodes_waiting()`` every 0.1 s). Until 2026-11-29 a node also did
+elastic's agent's rank assignment on the round's store (one more request a
+node); phalanx's agent loop numbers the ranks by arithmetic. Phases:
 
 A. every node joins at once (``MIN = N - 1``, ``MAX = N``): the time to the
    last node's round, and the requests per node;
@@ -48,7 +50,6 @@ from typing import Any
 
 import torch.distributed as dist
 from rendezvous_scale import LOOPBACK, MONITOR, CountedStore, Counts, elastic_dynamic, keep_alive_for
-from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import hosted_store
@@ -95,9 +96,7 @@ class Node:
 
     def meet(self) -> tuple[int, int, int]:
         info = self.handler.next_rendezvous()
-        spec = SimpleNamespace(role="phalanx", local_world_size=1)
-        SimpleElasticAgent._assign_worker_ranks(None, info.store, info.rank, info.world_size, spec)  # type: ignore[arg-type]
-        self.handler.restarts()
+        self.handler.restarts()  # the rank loop's read of the job's restarts (its ranks are arithmetic)
         return self.handler.round, info.rank, info.world_size
 
     def train(self, until: threading.Event) -> None:
