@@ -203,6 +203,44 @@ def test_two_nodes_on_this_machine_make_one_world():
     assert "[rank1]: node1 strategy=DDPStrategy" in outs[1] and "world=2 rank=1" in outs[1]
 
 
+def test_a_node_without_the_jobs_secret_is_refused_and_the_others_train_on_their_own():
+    import socket
+
+    with socket.socket() as s:  # a port for node 0's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
+
+    def node(rank: int, secret: str) -> subprocess.Popen[str]:
+        flags = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2:3"]
+        flags += ["--max-restarts", "1", "--node-rank", str(rank), "--main-address", "127.0.0.1"]
+        flags += ["--main-port", port, "-o", "last_call=2"]
+        command = [sys.executable, "-m", "phalanx", "run", *flags, str(SCRIPTS / "report.py"), f"node{rank}"]
+        env = {**base, "PHALANX_JOB_SECRET": secret}
+        return subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+
+    # Node 2's secret is not the job's: whatever place it takes in the
+    # round, it gets no rank, and nodes 0 and 1 meet as a job of two.
+    nodes = [node(0, "s3cret"), node(1, "s3cret"), node(2, "another")]
+    outs, errs = [], []
+    try:
+        for proc in nodes:
+            out, err = proc.communicate(timeout=120)
+            outs.append(out)
+            errs.append(err)
+    finally:
+        for proc in nodes:
+            proc.kill()
+    assert [proc.returncode for proc in nodes[:2]] == [0, 0], errs
+    assert "world=2 rank=0" in outs[0] and "world=2 rank=1" in outs[1], outs
+    assert nodes[2].returncode != 0 and not outs[2], (outs[2], errs[2])
+    assert "did not prove the job's secret (PHALANX_JOB_SECRET)" in errs[2], errs[2]
+    assert "Traceback" not in errs[2], errs[2]
+    assert any("without proving the job's secret" in err for err in errs[:2]), errs
+
+
 def test_a_missing_script_is_refused_before_any_rank_starts():
     done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "no_such_script.py")
     assert done.returncode == 1

@@ -227,3 +227,84 @@ def test_a_rounds_failure_is_counted_once_and_read_the_same_on_every_node(store)
     first.join(10)
     assert counts == {"slow": 1, "other": 1}
     assert handlers[1].restarts() == 1  # counted once
+
+
+# -- the job's secret ------------------------------------------------------------------
+
+
+def secret_nodes(store: Any, secrets: list[str | None], **options: Any) -> list[CountedRounds]:
+    from phalanx_torch._nodes.job_secret import JobSecret
+
+    nodes = [node(store, f"n{i}", node_rank=i, **options) for i in range(len(secrets))]
+    for made, secret in zip(nodes, secrets, strict=True):
+        made.secret = JobSecret(secret)
+    return nodes
+
+
+def test_a_node_without_the_jobs_secret_gets_no_rank_and_is_named(store):
+    from phalanx_torch._nodes.job_secret import SecretRefused
+
+    # n2 joins last with another secret: the round of 3 closes with it, and
+    # gives ranks to the two nodes that proved the job's.
+    nodes = secret_nodes(store, ["s3cret", "s3cret", "other"], least=3, most=3)
+    results = meet(nodes, delays={2: 0.3})
+    assert isinstance(results[2], SecretRefused), results
+    assert results[0] == (0, 2, 0) and results[1] == (1, 2, 0), results
+    assert nodes[0].refused == nodes[1].refused == [(2, "n2", socket.gethostname())]
+    *members, proof = bytes(store.get("phalanx/rdzv/0/members")).decode().splitlines()
+    assert [line.split()[1] for line in members] == ["n0", "n1"] and proof.startswith("proof ")
+
+
+def test_a_node_with_no_secret_is_refused_by_a_job_that_has_one(store):
+    from phalanx_torch._nodes.job_secret import SecretRefused
+
+    nodes = secret_nodes(store, ["s3cret", None], least=2, most=2)
+    results = meet(nodes, delays={1: 0.3})
+    assert isinstance(results[1], SecretRefused), results
+    assert results[0] == (0, 1, 0), results
+
+
+def test_a_node_without_the_secret_in_the_first_place_gives_ranks_to_no_node_of_the_jobs(store):
+    from phalanx_torch._nodes.job_secret import SecretRefused
+
+    # It joins first (as a node that asks to join a running job does): its
+    # place is 1, where the ranks are given; the job's nodes take them from
+    # the first place that proves the secret.
+    nodes = secret_nodes(store, [None, "s3cret", "s3cret"], least=3, most=3)
+    results = meet(nodes, delays={1: 0.3, 2: 0.3})
+    assert isinstance(results[0], SecretRefused), results
+    assert results[1] == (0, 2, 0) and results[2] == (1, 2, 0), results
+
+
+def test_a_node_with_another_secret_in_the_first_place_is_refused_too(store):
+    from phalanx_torch._nodes.job_secret import SecretRefused
+
+    nodes = secret_nodes(store, ["other", "s3cret", "s3cret"], least=3, most=3)
+    results = meet(nodes, delays={1: 0.3, 2: 0.3})
+    assert isinstance(results[0], SecretRefused), results
+    assert results[1] == (0, 2, 0) and results[2] == (1, 2, 0), results
+
+
+def test_ranks_that_do_not_prove_the_secret_are_refused_naming_their_giver(store):
+    from phalanx_core import MisconfigurationError
+    from phalanx_torch._nodes.job_secret import JobSecret
+
+    class Forged(JobSecret):
+        """Proves its node's entry, but not the ranks it gives: ranks
+        rewritten by something that is not a node of the job's."""
+
+        def sign(self, *parts: object) -> str:
+            return "0" * 64 if parts[0] == "rank" else super().sign(*parts)
+
+    nodes = secret_nodes(store, ["s3cret", "s3cret"], least=2, most=2)
+    nodes[0].secret = Forged("s3cret")
+    results = meet(nodes, delays={1: 0.3})
+    assert isinstance(results[1], MisconfigurationError), results
+    assert "did not prove the job's secret" in str(results[1]) and "(address n0" in str(results[1])
+
+
+def test_with_one_secret_every_node_meets_as_without(store):
+    nodes = secret_nodes(store, ["s3cret"] * 3, least=3, most=3)
+    results = meet(nodes)
+    assert sorted(results.values()) == [(0, 3, 0), (1, 3, 0), (2, 3, 0)], results
+    assert nodes[0].refused == []

@@ -350,3 +350,36 @@ def test_the_store_host_may_open_three_connections_a_node():
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (max(low, top), hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_post_that_does_not_prove_the_jobs_secret_stops_no_node_and_is_said(store):
+    from phalanx_torch._nodes.job_secret import JobSecret
+
+    counts: Counter[str] = Counter()
+    said: list[str] = []
+    nodes = [Node(store.port, i, 3, counts) for i in range(3)]
+    for node in nodes:
+        node.ledger.secret = JobSecret("s3cret")
+        node.ledger.say = said.append
+        node.__enter__()
+        node.ledger.met()
+    stranger = Node(store.port, 9, 3, counts)  # no secret: what it posts proves nothing
+    try:
+        deadline = time.monotonic() + 30
+        while not all(node._waiting for node in nodes):
+            assert time.monotonic() < deadline, "the watches never began to wait"
+            time.sleep(0.05)
+        stranger.settle(_failure(9, RAISED))
+        time.sleep(1.0)
+        assert all(node.stopped_at is None for node in nodes), "a stranger's post stopped a node"
+        assert any("does not prove the job's secret" in line for line in said), said
+        first = nodes[1].settle(_failure(1, RAISED))  # a node of the job's: it stops the others
+        assert first.rank == 1
+        deadline = time.monotonic() + 10
+        while nodes[0].stopped_at is None or nodes[2].stopped_at is None:
+            assert time.monotonic() < deadline, "a post of the job's stopped no node"
+            time.sleep(0.01)
+        assert nodes[0].remote is not None and nodes[0].remote.rank == 1
+    finally:
+        for node in [*nodes, stranger]:
+            node.__exit__(None, None, None)

@@ -63,6 +63,7 @@ import time
 from typing import Any
 
 from . import job_keys
+from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused
 from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
@@ -74,7 +75,8 @@ JOB_CLOSED_EVERY = 1.0
 WAITING_CACHE = 1.0
 #: The round's end written by a node that stopped waiting for it.
 ABANDONED = "abandoned"
-#: Where the rendezvous keeps its keys in the job's store.
+#: What a place whose node did not prove the job's secret is given for its rank.
+REFUSED = "refused"
 
 
 class CountedRounds:
@@ -123,6 +125,11 @@ class CountedRounds:
         #: not join it (node rank, address, host name), and that round.
         self.left: list[tuple[int, str, str]] = []
         self.previous = -1
+        #: The nodes of this node's round that did not prove the job's
+        #: secret, and got no rank (rank wanted or -1, address, host).
+        self.refused: list[tuple[int, str, str]] = []
+        #: What this node's writes prove, and what it checks of the others'.
+        self.secret = JobSecret(None)
         #: Set when this node is to stop waiting (the node watch read
         #: another node's failure): the wait raises ``StopRequested``.
         self.stop: threading.Event | None = None
@@ -161,7 +168,9 @@ class CountedRounds:
             self._visited.append(round_)
             self.place = place = self._enter(round_)
             wanted = "-" if self.wanted is None else str(self.wanted)
-            store.set(self._key(round_, f"node/{place}"), f"{wanted} {self.address} {socket.gethostname()}")
+            entry = f"{wanted} {self.address} {socket.gethostname()}"
+            proof = self.secret.sign("node", self.run_id, round_, place, entry)
+            store.set(self._key(round_, f"node/{place}"), f"{entry} {proof}")
             if place >= self.min_nodes:
                 store.set(self._key(round_, "min"), "1")
             if place == self.max_nodes:
@@ -177,17 +186,66 @@ class CountedRounds:
             round_ += 1  # late, or the round was left: the next one
         self.round, self._joining = round_, -1
         world_size = int(end)
-        if place == 1:
+        giver = self._giver(round_, place)
+        if place == giver:
             previous = int(store.add(job_keys.OPEN, 0)) - 1  # the round met before (-1: none)
             store.set(job_keys.OPEN, str(round_ + 1))  # where a new node starts
             self._give_ranks(round_, world_size, previous)
-        rank = int(store.get(self._key(round_, f"rank/{place}")))
+        given = bytes(store.get(self._key(round_, f"rank/{giver}/{place}"))).decode()
+        if given == REFUSED:
+            raise SecretRefused
+        rank_text, _, proof = given.partition(" ")
+        lines = bytes(store.get(self._key(round_, f"left/{giver}"))).decode().split("\n")
+        body, last = "\n".join(lines[:-1]), lines[-1].removeprefix("proof ")
+        if not (
+            self.secret.proves(proof, "rank", self.run_id, round_, place, rank_text)
+            and self.secret.proves(last, "left", self.run_id, round_, body)
+        ):
+            raise self._stranger_gave(round_, giver)
+        rank = int(rank_text)
         self.wanted = rank
-        previous_text, _, left = bytes(store.get(self._key(round_, "left"))).decode().partition("\n")
-        self.previous = int(previous_text)
-        self.left = [_member(line) for line in left.splitlines()]
-        round_store = dist.PrefixStore(job_keys.round_store(round_), store)  # type: ignore[attr-defined]
+        previous_text, size_text = lines[0].split()
+        self.previous, world_size = int(previous_text), int(size_text)
+        named = lines[1:-1]
+        self.left = [_member(line) for line in named if not line.startswith("refused ")]
+        self.refused = [
+            _member(line.removeprefix("refused ")) for line in named if line.startswith("refused ")
+        ]
+        # Under the giver's place: a node that is not the job's and gave
+        # ranks of its own (it took place 1) meets no node of the job's.
+        round_store = dist.PrefixStore(job_keys.round_store(round_, giver), store)  # type: ignore[attr-defined]
         return round_store, rank, world_size, self.address
+
+    def _giver(self, round_: int, place: int) -> int:
+        """The place of the node that gives round ``round_``'s ranks: the
+        first whose entry proves the job's secret (place 1 without a
+        secret; a node that is not the job's may take place 1, as a node
+        that asks to join a running job does). Each node reads the places
+        before its own until one proves: one read a node where the first
+        does, none without a secret."""
+        if not self.secret.on:
+            return 1
+        for before in range(1, place):
+            entry = bytes(self.store.get(self._key(round_, f"node/{before}"))).decode()
+            if self.secret.proves(_proof(entry), "node", self.run_id, round_, before, _entry(entry)):
+                return before
+        return place
+
+    def _stranger_gave(self, round_: int, giver: int) -> Exception:
+        """The error of a node whose round's ranks, as read, do not prove
+        the job's secret (written by something that is not a node of this
+        job's, or by a node whose secret is not this node's)."""
+        from phalanx_core import MisconfigurationError
+
+        _, address, host = _member(bytes(self.store.get(self._key(round_, f"node/{giver}"))).decode())
+        return MisconfigurationError(
+            f"the ranks of round {round_} were given by a node that did not prove the job's secret "
+            f"({SECRET_VAR}), or were changed since: the giver's place is {giver} (address {address}, host "
+            f"{host}). "
+            "Either that node is not one of this job's (something else reached the job's store), or the "
+            f"nodes do not share one secret: give every node the same {SECRET_VAR}, keep the job's store "
+            "on a private network (see the security page), and start the job again"
+        )
 
     def _give_ranks(self, round_: int, world_size: int, previous: int) -> None:
         """Node ranks for the round's nodes, in the order of the ranks they
@@ -198,30 +256,76 @@ class CountedRounds:
         like its rank (its rank of the round before) from its address."""
         store = self.store
         places = range(1, world_size + 1)
-        nodes = [
-            _member(bytes(v).decode())
-            for v in store.multi_get([self._key(round_, f"node/{p}") for p in places])
+        keys = [self._key(round_, f"node/{place}") for place in places]
+        entries = [bytes(value).decode() for value in store.multi_get(keys)]
+        nodes = [_member(entry) for entry in entries]
+        # A node that did not prove the job's secret gets no rank (and the
+        # round is the smaller by it): its place is marked refused.
+        proven = [
+            self.secret.proves(_proof(entry), "node", self.run_id, round_, place, _entry(entry))
+            for place, entry in zip(places, entries, strict=True)
+        ]
+        # This node, not the others, is the odd one where it has no secret
+        # and others prove one, or where as many nodes prove another secret
+        # as prove its own (an entry that proves no secret at all never
+        # makes it odd): it gives no ranks and takes none (the nodes that
+        # share its secret, if any, read that they are refused).
+        rivals = sum(1 for entry, ok in zip(entries, proven, strict=True) if not ok and _proof(entry) != NONE)
+        odd = any(_proof(entry) != NONE for entry in entries) if not self.secret.on else sum(proven) <= rivals
+        if odd:
+            store.multi_set(
+                [self._key(round_, f"rank/{self.place}/{place}") for place in places],
+                [REFUSED for _ in places],
+            )
+            raise SecretRefused
+        refused = [
+            f"{REFUSED} {wanted if wanted >= 0 else '-'} {address} {host}"
+            for (wanted, address, host), ok in zip(nodes, proven, strict=True)
+            if not ok
         ]
         order = sorted(
             (wanted if wanted >= 0 else 1 << 62, address, place, host)
-            for place, (wanted, address, host) in zip(places, nodes, strict=True)
+            for place, (wanted, address, host), ok in zip(places, nodes, proven, strict=True)
+            if ok
         )
         left: list[str] = []
         if previous >= 0 and store.check([self._key(previous, "members")]):
             back = {(wanted, address) for wanted, address, _ in nodes}
-            before = bytes(store.get(self._key(previous, "members"))).decode().splitlines()
-            left = [line for line in before if _member(line)[:2] not in back]
+            *before, proof = bytes(store.get(self._key(previous, "members"))).decode().split("\n")
+            # Members written by a node that is not the job's name no one.
+            if self.secret.proves(
+                proof.removeprefix("proof "), "members", self.run_id, previous, "\n".join(before)
+            ):
+                left = [line for line in before if _member(line)[:2] not in back]
         members = [f"{rank} {address} {host}" for rank, (_, address, _, host) in enumerate(order)]
+        joined_members = "\n".join(members)
         # In one request, the members and who left first: a node reads them
         # once it has read its rank (etcd's writes go 128 to a transaction,
         # in this order).
+        body = "\n".join([f"{previous} {len(order)}", *left, *refused])
+        given = [
+            f"{rank} {self.secret.sign('rank', self.run_id, round_, place, rank)}"
+            for rank, (_, _, place, _) in enumerate(order)
+        ]
+        refused_places = [place for place, ok in zip(places, proven, strict=True) if not ok]
         store.multi_set(
             [
                 self._key(round_, "members"),
-                self._key(round_, "left"),
-                *(self._key(round_, f"rank/{place}") for _, _, place, _ in order),
+                self._key(round_, f"left/{self.place}"),
+                *(self._key(round_, f"rank/{self.place}/{place}") for _, _, place, _ in order),
+                *(self._key(round_, f"rank/{self.place}/{place}") for place in refused_places),
             ],
-            ["\n".join(members), "\n".join([str(previous), *left]), *(str(r) for r in range(world_size))],
+            [
+                "\n".join(
+                    [
+                        *members,
+                        f"proof {self.secret.sign('members', self.run_id, round_, joined_members)}",
+                    ]
+                ),
+                f"{body}\nproof {self.secret.sign('left', self.run_id, round_, body)}",
+                *given,
+                *(REFUSED for _ in refused_places),
+            ],
         )
 
     def _close(self, round_: int, value: str) -> str:
@@ -330,7 +434,17 @@ class CountedRounds:
 
 def _member(text: str) -> tuple[int, str, str]:
     """A node as the rounds write it (``"RANK ADDRESS HOST"``, ``-`` for
-    no rank): ``(rank or -1, address, host)``."""
-    rank, _, rest = text.partition(" ")
-    address, _, host = rest.partition(" ")
+    no rank, then its proof where it is a node's own entry):
+    ``(rank or -1, address, host)``."""
+    rank, address, host = [*text.split(" "), "", ""][:3]
     return (int(rank) if rank.isdigit() else -1), address, host
+
+
+def _entry(text: str) -> str:
+    """A node's entry without its proof."""
+    return text.rpartition(" ")[0]
+
+
+def _proof(text: str) -> str:
+    """The proof at the end of a node's entry."""
+    return text.rpartition(" ")[2]

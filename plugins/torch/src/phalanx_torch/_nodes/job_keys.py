@@ -28,14 +28,15 @@ TIMED_OUT = "phalanx/timed-out"
 
 def round_key(round_: int, name: str) -> str:
     """Key ``name`` of round ``round_`` (``joined``, ``node/P``, ``min``,
-    ``closed``, ``rank/P``, ``members``, ``left``)."""
+    ``closed``, ``rank/G/P`` and ``left/G`` as the node in place G gave them,
+    ``members``)."""
     return f"{RDZV}/{round_}/{name}"
 
 
-def round_store(round_: int) -> str:
+def round_store(round_: int, giver: int = 1) -> str:
     """The prefix of round ``round_``'s own keys (the rendezvous store the
-    round's nodes get)."""
-    return f"{RDZV}/{round_}/store"
+    round's nodes get), given by the node in place ``giver``."""
+    return f"{RDZV}/{round_}/store/{giver}"
 
 
 # -- in the round's store ----------------------------------------------------------

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .job_secret import JobSecret
+
 __all__ = ["JobLedger", "StopRequested"]
 
 
@@ -44,6 +46,9 @@ class JobLedger:
         self._met = threading.Event()
         self._rounds: list[tuple[int, int]] = []
         self._kept: list[Any] = []
+        #: What this node's writes to the job's store prove, and what it
+        #: checks of the others' (the job's secret, from the environment).
+        self.secret = JobSecret.from_environment()
         #: Set by the node watch: stop this node's ranks (:class:`StopRequested`).
         self.stop_requested = threading.Event()
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from phalanx_core.launching import RankFailure, root_cause
 
 from . import job_keys
+from .job_secret import SECRET_VAR
 from .ledger import JobLedger
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class NodeWatch:
         self._waiting = False
         #: Whether this node has said it is done reading the posts.
         self._said_done = False
+        #: Whether a post that does not prove the job's secret was said.
+        self._unproven = False
 
     def __enter__(self) -> NodeWatch:
         if self.connect is not None and threading.current_thread() is threading.main_thread():
@@ -176,9 +179,9 @@ class NodeWatch:
 
         with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
-            text = f"{self.me} {json.dumps(failure.to_dict())}"
-            store.set(f"post/{store.add('posts', 1)}", text)
-            store.set(f"cause/{store.add('causes', 1)}", text)
+            text = json.dumps(failure.to_dict())
+            self._post(store, "post", text)
+            self._post(store, "cause", text)
         if self.remote is None:
             self.remote = failure
         self._interrupt()
@@ -202,6 +205,29 @@ class NodeWatch:
         assert self.connect is not None
         return dist.PrefixStore(job_keys.FAILURES, self.connect())  # type: ignore[attr-defined]
 
+    def _post(self, store: Any, kind: str, text: str) -> None:
+        """Post ``text`` as the next ``kind`` (``post`` or ``cause``), with
+        this node's name and the proof of the job's secret."""
+        index = int(store.add(f"{kind}s", 1))
+        body = f"{self.me} {text}"
+        store.set(f"{kind}/{index}", f"{self.ledger.secret.sign(kind, index, body)} {body}")
+
+    def _open(self, kind: str, index: int, value: str) -> tuple[str, str] | None:
+        """``(who, text)`` of post ``kind``/``index``; ``None``, said once,
+        where it does not prove the job's secret (a post made by something
+        that is not a node of this job is not a failure of the job's)."""
+        proof, _, body = value.partition(" ")
+        if self.ledger.secret.proves(proof, kind, index, body):
+            who, _, text = body.partition(" ")
+            return who, text
+        if not self._unproven and self.ledger.say is not None:
+            self.ledger.say(
+                f"a failure posted in the job's store ({kind} {index}: {body[:80]!r}) does not prove the "
+                f"job's secret ({SECRET_VAR}): ignored; no node of this job posted it"
+            )
+        self._unproven = True
+        return None
+
     def _read(
         self, store: Any, kind: str, first: int = 1, last: int | None = None
     ) -> list[tuple[str, RankFailure]]:
@@ -217,7 +243,10 @@ class NodeWatch:
                 # very client, whose set would wait behind a blocking get):
                 # read it next time.
                 continue
-            who, _, text = store.get(key).decode().partition(" ")
+            opened = self._open(kind, index, store.get(key).decode())
+            if opened is None:
+                continue
+            who, text = opened
             if who != self.me and text not in (_ENDED, _WOKEN):
                 found.append((who, RankFailure.from_dict(json.loads(text))))
         return found
@@ -256,7 +285,10 @@ class NodeWatch:
                 self._seen += 1
                 if self._stop.is_set():
                     return
-                who, _, text = store.get(f"post/{self._seen}").decode().partition(" ")
+                opened = self._open("post", self._seen, store.get(f"post/{self._seen}").decode())
+                if opened is None:
+                    continue  # not a node of this job's: read on
+                who, text = opened
                 if text == _ENDED:
                     return  # a node's launch ended well: so does every node's
                 if text == _WOKEN or who == self.me:
@@ -314,7 +346,7 @@ class NodeWatch:
 
         with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
-            store.set(f"post/{store.add('posts', 1)}", f"{self.me} {_ENDED if ended else _WOKEN}")
+            self._post(store, "post", _ENDED if ended else _WOKEN)
         self._thread.join(self.HOLD)
 
     def cause(self) -> RankFailure | None:
@@ -339,10 +371,10 @@ class NodeWatch:
         posts = known
         try:
             store = self._connect()
-            text = f"{self.me} {json.dumps(local.to_dict())}"
-            store.set(f"post/{store.add('posts', 1)}", text)
+            text = json.dumps(local.to_dict())
+            self._post(store, "post", text)
             if local.order()[0] < 2:
-                store.set(f"cause/{store.add('causes', 1)}", text)
+                self._post(store, "cause", text)
             deadline = time.monotonic() + self.HOLD
             posts = self._causes() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:

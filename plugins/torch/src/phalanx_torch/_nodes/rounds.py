@@ -40,6 +40,7 @@ from typing import Any
 from phalanx_core.launching import hosted_store
 
 from . import job_keys
+from .job_secret import SECRET_VAR, JobSecret, SecretRefused
 from .job_store import job_store
 from .rendezvous_place import RendezvousPlace
 
@@ -85,6 +86,7 @@ def create(params: Any) -> Any:
     if ledger is not None:
         ledger.rounds = handler  # the rank loop's to ask
         inner.stop = ledger.stop_requested
+        inner.secret = handler.secret = ledger.secret
     handler.say = ledger.say if ledger is not None else None
     handler.hosts_store = config.get("store") is not None
     handler.in_etcd = place.kind == "etcd"
@@ -111,6 +113,8 @@ def _handler_class() -> type:
         ledger: Any = None
         #: This node's launching process hosts the job's store.
         hosts_store = False
+        #: What the writes prove (:mod:`.job_secret`; the ledger's).
+        secret = JobSecret(None)
         #: The job's store is in etcd (else node 0 hosts it).
         in_etcd = False
         #: Leave the rendezvous open when this node ends (it timed out).
@@ -153,6 +157,15 @@ def _handler_class() -> type:
                 self._timed_out()
                 self._keep_open = True  # each node says for itself that the nodes never met
                 raise self._never_met() from None
+            except SecretRefused:
+                from phalanx_core import MisconfigurationError
+
+                self._keep_open = True  # the job goes on without this node
+                raise MisconfigurationError(
+                    f"this node was refused by the job at {self._place_text}: it did not prove the job's "
+                    f"secret ({SECRET_VAR}), so the round gave it no rank. Give every node of the job the "
+                    f"same {SECRET_VAR} (or none on every node), then start this node again"
+                ) from None
             except RendezvousClosedError:
                 from phalanx_core import MisconfigurationError, NodeLostError
 
@@ -176,10 +189,27 @@ def _handler_class() -> type:
             self.group_rank, self.group_world_size = rank, world_size
             if rank == 0:
                 self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
-                store.set(job_keys.RANKS_STORE, f"{self._listen or address} {self._round_store.port}")
-            address, port = store.get(job_keys.RANKS_STORE).decode().split()
+                where = f"{self._listen or address} {self._round_store.port}"
+                proof = self.secret.sign("ranks-store", self.round, where)
+                store.set(job_keys.RANKS_STORE, f"{where} {proof}")
+            address, port, proof = store.get(job_keys.RANKS_STORE).decode().split()
+            if not self.secret.proves(proof, "ranks-store", self.round, f"{address} {port}"):
+                from phalanx_core import MisconfigurationError
+
+                raise MisconfigurationError(
+                    f"where the ranks of round {self.round} meet ({address}:{port}) was written by something "
+                    f"that did not prove the job's secret ({SECRET_VAR}); this node does not send its ranks "
+                    "there. Keep the job's store on a private network (see the security page) and start the "
+                    "job again"
+                )
             if self._inner.left and self.say is not None:
                 self.say(self.left_words())
+            for _, where, host in self._inner.refused if self.say is not None else ():
+                self.say(
+                    f"a node at {where} (host {host or '?'}) joined round {self.round} without proving the "
+                    f"job's secret ({SECRET_VAR}): refused, it has no rank; the round goes on with "
+                    f"{self.group_world_size} node{'s' if self.group_world_size > 1 else ''}"
+                )
             if self.ledger is not None:
                 self.ledger.met()
             return RendezvousInfo(store, rank, world_size, RendezvousStoreInfo(address, int(port)))
