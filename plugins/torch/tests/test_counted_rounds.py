@@ -102,7 +102,7 @@ def test_with_min_nodes_the_round_closes_after_the_last_call_and_a_late_node_wai
     assert sorted(first.values()) == [(0, 2, 0), (1, 2, 0)]
     assert nodes[0].num_nodes_waiting() == 0
     # The third node comes after the round closed: it joins round 1, and the
-    # nodes of round 0 see it waiting (what makes elastic's agent restart).
+    # nodes of round 0 see it waiting (what makes the rank loop restart).
     late: dict[int, Any] = {}
     thread = threading.Thread(target=lambda: late.update(meet([nodes[2]])))
     thread.start()

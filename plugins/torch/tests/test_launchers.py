@@ -138,7 +138,7 @@ def start(args: list[str], *, cwd: Path = SCRIPTS, **env: str) -> subprocess.Pop
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> Job:
-    """Wait for a script; past ``timeout``, SIGTERM it (elastic's agent then
+    """Wait for a script; past ``timeout``, SIGTERM it (the agent loop then
     stops its ranks), SIGKILL it 10 s later, and fail."""
     began = time.monotonic()
     command = [str(arg) for arg in proc.args]  # type: ignore[union-attr]

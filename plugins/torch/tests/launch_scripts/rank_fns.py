@@ -185,7 +185,7 @@ def _listening(pid: int) -> list[str]:
 
 def listening(strategy: Any) -> dict[str, list[str]]:
     """Where this rank (its gloo) and the process that started it (the
-    launcher's store, or elastic's agent) listen, once every rank is in
+    launcher's store, or the subprocess launcher's agent loop) listen, once every rank is in
     the group."""
     strategy.barrier()
     return {"rank": _listening(os.getpid()), "launcher": _listening(os.getppid())}
@@ -193,7 +193,7 @@ def listening(strategy: Any) -> dict[str, list[str]]:
 
 def world_listening() -> dict[str, Any]:
     """In a group of every rank (made from the rank protocol's variables):
-    where this rank and the process that started it (elastic's agent, which
+    where this rank and the process that started it (the agent loop, which
     hosts the store on node 0) listen, once every rank is in the group."""
     import torch
     import torch.distributed as dist

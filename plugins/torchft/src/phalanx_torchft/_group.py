@@ -1,5 +1,5 @@
 """One replica group of a ``replica_groups`` job: its ranks, run as the
-``subprocess`` launcher runs a one-node job (torch elastic's agent and a
+``subprocess`` launcher runs a one-node job (its agent loop and a
 store of the group's own, on ADDRESS: 127.0.0.1 on one host, the address
 other hosts reach on several), with no restart of its own: the launching
 process restarts the whole group.

@@ -8,7 +8,7 @@ Layout of a job on one host (``phalanx run --strategy ddp_ft
   LighthouseServer``) on ``127.0.0.1`` and a port the kernel gives;
 * each group is a child process (:mod:`phalanx_torchft._group`) that runs
   the group's ranks as the ``subprocess`` launcher runs a one-node job
-  (torch elastic's agent, a store of the group's own), with the group's
+  (its agent loop, a store of the group's own), with the group's
   number, the number of groups and the lighthouse's URL in the ranks'
   variables;
 * a group that fails (any of its ranks) is started again, up to
@@ -276,7 +276,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
 
     @classmethod
     def runs_per_node(cls, environment: type[Any]) -> bool:
-        """Yes outside the groups' ranks (which torch elastic's agent
+        """Yes outside the groups' ranks (which the groups' agent loops
         started): a scheduler's process on each node runs this launcher,
         which starts that node's groups."""
         return not os.environ.get("TORCHELASTIC_RUN_ID")

@@ -244,7 +244,10 @@ class RankLoop:
             if self.ledger.stop_requested.wait(self.monitor_interval):
                 self._close(signal.SIGTERM)
                 raise StopRequested
-            result = self.processes.wait(0)
+            processes = self.processes
+            if processes is None:  # stopped from another thread (kill_ranks), which ends the process
+                continue
+            result = processes.wait(0)
             lost = self.heartbeat.lost if self.heartbeat is not None and result is None else None
             if result is not None and not result.is_failed():
                 return None
