@@ -134,7 +134,7 @@ def test_explain_says_how_many_devices_all_or_auto_take_here(devices):
         ),
         (
             ["--strategy", "ddp", "--devices", "2"],
-            "127.0.0.1 only: the agent's rendezvous store and every rank's gloo",
+            "127.0.0.1 only: the launching process's rendezvous store and every rank's gloo",
         ),
         (
             ["--strategy", "ddp", "--devices", "2", "--num-nodes", "2"],
