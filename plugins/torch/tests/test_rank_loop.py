@@ -45,11 +45,22 @@ NOT_IN_THE_LOOP = {
 PER_RUN = {"MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "ROLE_NAME"}
 
 
+#: A rank's variables (besides TORCHELASTIC_*), as torchrun gives them.
+KEYS = (
+    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+
 def ranks_variables(tmp_path: Path, name: str, launcher: list[str]) -> dict[int, dict[str, str]]:
     out = tmp_path / name
     out.mkdir()
     (tmp_path / "report.py").write_text(SCRIPT)
+    # Without what a test run before may have left in this process's
+    # environment (a rank's variables), so that the ranks' are theirs.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
+    for name in (*KEYS, "NODE_RANK"):
+        env.pop(name, None)
     env["OMP_NUM_THREADS"] = "1"
     (out / "parent.json").write_text(json.dumps(env))
     job = subprocess.run(
