@@ -17,7 +17,8 @@ keep-alive of ``keep_alive_for(N)``), ``next_rendezvous()`` and the read of
 the job's restarts, then the rank loop's look for joining nodes
 (``num_nodes_waiting()`` every 0.1 s). Until 2026-11-29 a node also did
 elastic's agent's rank assignment on the round's store (one more request a
-node); phalanx's agent loop numbers the ranks by arithmetic. Phases:
+node); phalanx's agent loop numbers the ranks in two requests a node (and
+node 0's two large ones), not simulated. Phases:
 
 A. every node joins at once (``MIN = N - 1``, ``MAX = N``): the time to the
    last node's round, and the requests per node;

@@ -93,7 +93,8 @@ def test_a_rank_of_phalanx_run_sees_the_variables_of_a_torchrun_rank(tmp_path):
 
 def test_rank_env_numbers_the_ranks_node_by_node():
     env = rank_env(
-        local_rank=1, num_processes=2, group_rank=1, group_world_size=3, master=("10.0.0.1", 29500),
+        local_rank=1, num_processes=2, group_rank=1, group_world_size=3, first_rank=2, world_size=6,
+        master=("10.0.0.1", 29500),
         restart_count=2, max_restarts=3, run_id="job", use_agent_store=True,
     )  # fmt: skip
     assert env["RANK"] == env["ROLE_RANK"] == "3"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import signal
 import sys
@@ -54,17 +55,19 @@ def rank_env(
     num_processes: int,
     group_rank: int,
     group_world_size: int,
+    first_rank: int,
+    world_size: int,
     master: tuple[str, int],
     restart_count: int,
     max_restarts: int,
     run_id: str,
     use_agent_store: bool,
 ) -> dict[str, str]:
-    """The variables of local rank ``local_rank`` of node ``group_rank``:
-    those elastic's agent gives each rank (``torchrun``'s), with the ranks
-    of one role numbered node by node."""
-    rank = group_rank * num_processes + local_rank
-    world = group_world_size * num_processes
+    """The variables of local rank ``local_rank`` of node ``group_rank``,
+    whose ranks are numbered from ``first_rank`` in a world of
+    ``world_size``: those elastic's agent gives each rank (``torchrun``'s)."""
+    rank = first_rank + local_rank
+    world = world_size
     env = {
         "LOCAL_RANK": str(local_rank),
         "RANK": str(rank),
@@ -139,6 +142,8 @@ class RankLoop:
         self.group_world_size = 1
         #: The restart the running ranks are (``TORCHELASTIC_RESTART_COUNT``).
         self.restart_count = 0
+        #: The global rank of this node's local rank 0, this round.
+        self.first_rank = 0
         self._lock = threading.Lock()
 
     # -- the loop -----------------------------------------------------------------
@@ -203,6 +208,7 @@ class RankLoop:
         from torch.distributed.elastic.multiprocessing import start_processes
 
         store_info = info.bootstrap_store_info
+        self.first_rank, world_size = self._number_ranks(info)
         envs = {}
         prefixes: dict[int, str] | None = {} if self.prefix_lines else None
         for local in range(self.num_processes):
@@ -211,6 +217,8 @@ class RankLoop:
                 num_processes=self.num_processes,
                 group_rank=self.group_rank,
                 group_world_size=self.group_world_size,
+                first_rank=self.first_rank,
+                world_size=world_size,
                 master=(store_info.master_addr, int(store_info.master_port)),
                 restart_count=self.restart_count,
                 max_restarts=self.max_restarts,
@@ -221,7 +229,7 @@ class RankLoop:
                 env["NODE_RANK"] = str(self.group_rank)  # the ranks' node, this round
             envs[local] = env
             if prefixes is not None:
-                prefixes[local] = f"[rank{self.group_rank * self.num_processes + local}]: "
+                prefixes[local] = f"[rank{self.first_rank + local}]: "
         processes = start_processes(
             name=ROLE,
             entrypoint=sys.executable,
@@ -259,8 +267,29 @@ class RankLoop:
                 return self._joined_or_failed_elsewhere()
 
     def _global(self, failures: dict[int, Any]) -> dict[int, Any]:
-        first = self.group_rank * self.num_processes
-        return {first + int(local): failure for local, failure in failures.items()}
+        return {self.first_rank + int(local): failure for local, failure in failures.items()}
+
+    def _number_ranks(self, info: Any) -> tuple[int, int]:
+        """This node's first global rank and the world's size: the ranks of
+        each node numbered after those of the nodes before it, through the
+        round's store (each node says how many ranks it runs; node 0 adds
+        them up and tells each its first). Nodes may run different numbers
+        of ranks: a job whose nodes were given different ``--devices``
+        still forms one world, whose ranks then name the difference of
+        their plans."""
+        if self.group_world_size == 1:
+            return 0, self.num_processes
+        store = info.store
+        store.set(job_keys.local_ranks(self.group_rank), str(self.num_processes))
+        if self.group_rank == 0:
+            nodes = range(self.group_world_size)
+            sizes = [int(size) for size in store.multi_get([job_keys.local_ranks(node) for node in nodes])]
+            firsts = itertools.accumulate([0, *sizes[:-1]])
+            store.multi_set(
+                [job_keys.first_rank(node) for node in nodes], [f"{first} {sum(sizes)}" for first in firsts]
+            )
+        first, world = bytes(store.get(job_keys.first_rank(self.group_rank))).decode().split()
+        return int(first), int(world)
 
     def _after_failure(self, failed: Any, lost: tuple[int, str] | None) -> str:
         """This node's ranks failed (``failed``: elastic's error, every

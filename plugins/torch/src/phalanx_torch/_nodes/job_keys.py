@@ -48,6 +48,18 @@ RESTARTS_COUNTED = "phalanx/restarts-counted"
 #: Where the round's ranks meet: the address and port of the store the
 #: round's node 0 hosts for them.
 RANKS_STORE = "phalanx/ranks-store"
+
+
+def local_ranks(node: int) -> str:
+    """How many ranks node ``node`` of the round runs."""
+    return f"phalanx/local-ranks/{node}"
+
+
+def first_rank(node: int) -> str:
+    """Node ``node``'s first global rank and the world's size (node 0 writes them)."""
+    return f"phalanx/first-rank/{node}"
+
+
 #: The exit barrier of a round whose ranks ended well: the nodes ended so
 #: far (a counter), and the key the last of them sets.
 ENDED_COUNT = "phalanx/ended/count"
