@@ -62,7 +62,7 @@ from .failures import (
     store_lost_errors,
 )
 from .listen import listen_address, one_thread
-from .rank_loop import SIGNALS, RankLoop
+from .rank_loop import RankLoop, signals_variable
 from .ranks import (
     _LAUNCH_INDEX_VAR,
     _LAUNCHER_PID_VAR,
@@ -397,7 +397,7 @@ class SubprocessLauncher(Launcher):
             **variables,
             **gloo,
             **one_thread(self.num_processes),
-            "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS,
+            **signals_variable(),
         }
         if self.node_rank is not None:  # else each round gives the ranks their node's (NODE_RANK)
             variables["NODE_RANK"] = str(self.node_rank)

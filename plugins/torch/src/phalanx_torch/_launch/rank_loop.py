@@ -35,12 +35,29 @@ from .._nodes.ledger import JobLedger, StopRequested
 from .failures import lost_words, say, say_restart
 from .ranks import RESULTS_DIR_VAR
 
-__all__ = ["SIGNALS", "RankLoop", "rank_env"]
+__all__ = ["SIGNALS", "RankLoop", "rank_env", "signals_variable"]
 
 #: The signals that stop the ranks and end the launching process (elastic's
 #: process layer installs a handler for each as it starts the ranks, which
 #: raises its ``SignalException``).
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def signals_variable() -> dict[str, str]:
+    """``TORCHELASTIC_SIGNALS_TO_HANDLE`` where this torch's torchrun sets it.
+
+    A newer torchrun names the signals its process layer handles in that
+    variable (``LaunchConfig.signals_to_handle``; 2.13 does), which the ranks
+    inherit; an older one (2.9) handles the same four without it. The ranks see what
+    a torchrun rank of the same torch sees."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)}:
+        return {"TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS}
+    return {}
+
 
 #: The name the ranks' role goes by (``ROLE_NAME``), as elastic's agent names it.
 ROLE = "phalanx"
