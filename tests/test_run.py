@@ -241,6 +241,62 @@ def test_a_node_without_the_jobs_secret_is_refused_and_the_others_train_on_their
     assert any("without proving the job's secret" in err for err in errs[:2]), errs
 
 
+def test_a_stranger_asking_to_join_a_running_job_is_refused_and_the_job_trains_on(tmp_path):
+    import json
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port for node 0's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PHALANX_", "TORCHELASTIC_"))}
+    job = ROOT / "tests" / "multihost" / "elastic_job.py"
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def node(rank: int, secret: str) -> subprocess.Popen[str]:
+        flags = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2:3"]
+        flags += ["--max-restarts", "1", "--node-rank", str(rank), "--main-address", "127.0.0.1"]
+        flags += ["--main-port", port, "-o", "last_call=2"]
+        # 120 steps of 0.25 s at least: time for the stranger's interpreter to start.
+        command = [sys.executable, "-m", "phalanx", "run", *flags, str(job), str(out), "240", "0.25"]
+        env = {**base, "PHALANX_JOB_SECRET": secret}
+        # Into files: a pipe that nobody reads while the test waits for
+        # another process fills, and stops the node that writes to it.
+        with open(tmp_path / f"node{rank}.txt", "w") as log:
+            return subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+            )
+
+    nodes = [node(0, "s3cret"), node(1, "s3cret")]
+    stranger = None
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size for p in out.glob("seen-*.txt")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(out.glob("seen-*.txt")), "the job of two never trained"
+        # A third node asks to join with another secret while the two train:
+        # it is refused, and they go on in the same round.
+        stranger = node(2, "another")
+        stranger.wait(timeout=90)
+        assert not (out / "done.json").exists(), "the stranger was not refused while the job trained"
+        for proc in nodes:
+            proc.wait(timeout=120)
+    finally:
+        for proc in [*nodes, *([stranger] if stranger else [])]:
+            proc.kill()
+    said = [(tmp_path / f"node{rank}.txt").read_text() for rank in range(3)]
+    assert stranger.returncode != 0 and "did not prove the job's secret (PHALANX_JOB_SECRET)" in said[2], (
+        said[2]
+    )
+    assert "Traceback" not in said[2], said[2]
+    assert [proc.returncode for proc in nodes] == [0, 0], said[:2]
+    done = json.loads((out / "done.json").read_text())
+    assert done["restarts"] == 0 and done["world"] == 2, done
+    assert sum("asked to join the job without proving its secret" in text for text in said[:2]) == 1, said[:2]
+    assert "restart" not in (said[0] + said[1]).lower(), said[:2]
+
+
 def test_a_missing_script_is_refused_before_any_rank_starts():
     done = run("--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "no_such_script.py")
     assert done.returncode == 1

@@ -308,3 +308,45 @@ def test_with_one_secret_every_node_meets_as_without(store):
     results = meet(nodes)
     assert sorted(results.values()) == [(0, 3, 0), (1, 3, 0), (2, 3, 0)], results
     assert nodes[0].refused == []
+
+
+@pytest.mark.parametrize("secret", ["other", None], ids=["another secret", "no secret"])
+def test_a_stranger_asking_to_join_a_running_job_starts_no_round_and_is_refused_within_seconds(store, secret):
+    from phalanx_torch._nodes.job_secret import SecretRefused
+
+    job = secret_nodes(store, ["s3cret", "s3cret"], least=2, most=3)
+    assert sorted(meet(job).values()) == [(0, 2, 0), (1, 2, 0)]
+    stranger = secret_nodes(store, [secret], least=2, most=3, timeout=60.0)[0]
+    stranger.address, stranger.wanted = "n9", None
+    result: list[Any] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: result.append(meet([stranger])[0]))
+    thread.start()
+    # The running job's nodes look for nodes waiting to join, as the rank
+    # loop does: the stranger is not counted (no new round), and is named
+    # by the node that marked it refused first.
+    seen = []
+    while thread.is_alive() and time.monotonic() - started < 30:
+        seen.append([member.waiting_now() for member in job])
+        time.sleep(0.2)
+    thread.join(30)
+    assert isinstance(result[0], SecretRefused), result
+    assert time.monotonic() - started < 20, "the stranger waited out its patience instead of being refused"
+    assert not any(any(counts) for counts in seen), seen
+    named = job[0].turned_away + job[1].turned_away
+    assert named == [(-1, "n9", socket.gethostname())], named
+    # A node of the job's that asks to join after it is counted, and meets.
+    late = secret_nodes(store, ["s3cret"], least=2, most=3)[0]
+    late.address, late.wanted = "n2", None
+    thread = threading.Thread(target=lambda: result.append(meet([late])[0]))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while job[0].waiting_now() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job[0].waiting_now() == job[1].waiting_now() == 1
+    again = meet(job)
+    thread.join(30)
+    # The stranger's place in that round does not count among its three
+    # nodes, and it is not named again.
+    assert sorted([*again.values(), result[1]]) == [(0, 3, 1), (1, 3, 1), (2, 3, 1)], (again, result)
+    assert job[0].refused == job[1].refused == []

@@ -39,6 +39,11 @@ of them per round, whatever the number of nodes:
 - a node whose place is above that number came late: it joins ``r + 1``,
   and the nodes of round ``r`` see it there (``num_nodes_waiting``, one
   small read a second) and meet it in a new round, as with elastic;
+- with the job's secret, a node waiting in round ``r + 1`` whose entry
+  does not prove it is not counted by the nodes of round ``r``, which go
+  on training; the first to read its entry marks its place refused
+  (``r+1/refused/P``, and a count of such places, which round ``r + 1``
+  takes in addition to ``max_nodes``), and that node ends;
 - a node that stops waiting (its ``join_timeout`` passed) writes
   ``abandoned`` as the round's end if nobody closed it, so that a node
   arriving after it never forms a round with a node that has left.
@@ -128,6 +133,14 @@ class CountedRounds:
         #: The nodes of this node's round that did not prove the job's
         #: secret, and got no rank (rank wanted or -1, address, host).
         self.refused: list[tuple[int, str, str]] = []
+        #: The places of the round after this node's whose entries were
+        #: read (whether each proved the job's secret), and that round.
+        self._looked: dict[int, bool] = {}
+        self._looked_round = -1
+        #: Nodes waiting in the round after this node's that did not prove
+        #: the job's secret, not counted and marked refused, for this node
+        #: to name (those it marked first; taken by the rounds' handler).
+        self.turned_away: list[tuple[int, str, str]] = []
         #: What this node's writes prove, and what it checks of the others'.
         self.secret = JobSecret(None)
         #: Set when this node is to stop waiting (the node watch read
@@ -173,7 +186,7 @@ class CountedRounds:
             store.set(self._key(round_, f"node/{place}"), f"{entry} {proof}")
             if place >= self.min_nodes:
                 store.set(self._key(round_, "min"), "1")
-            if place == self.max_nodes:
+            if place >= self.max_nodes and place == self.max_nodes + self._turned_away_in(round_):
                 self._close(round_, str(place))
             end = self._await_end(round_, deadline)
             if end is None:  # out of time: leave the round, unless it closed meanwhile
@@ -278,10 +291,11 @@ class CountedRounds:
                 [REFUSED for _ in places],
             )
             raise SecretRefused
+        # A node turned away while it waited was named then (and is gone).
         refused = [
             f"{REFUSED} {wanted if wanted >= 0 else '-'} {address} {host}"
-            for (wanted, address, host), ok in zip(nodes, proven, strict=True)
-            if not ok
+            for place, (wanted, address, host), ok in zip(places, nodes, proven, strict=True)
+            if not ok and not store.check([self._key(round_, f"refused/{place}")])
         ]
         order = sorted(
             (wanted if wanted >= 0 else 1 << 62, address, place, host)
@@ -357,12 +371,18 @@ class CountedRounds:
             now = time.monotonic()
             if last_call_ends is not None and now >= last_call_ends:
                 joined = self._joined(round_)
-                return self._close(round_, str(min(joined, self.max_nodes)))
+                most = self.max_nodes + self._turned_away_in(round_)
+                return self._close(round_, str(min(joined, most)))
             if now >= deadline:
                 return None
             if now >= look_closed:
                 if self.is_closed():
                     raise RendezvousClosedError
+                # Turned away (a node alone in a round after the job's): looked
+                # at only before the round has its MIN nodes, so that a round
+                # that forms costs no more requests.
+                if key == least and self._refused_while_waiting(round_):
+                    raise SecretRefused
                 look_closed = now + JOB_CLOSED_EVERY
             if self.stop is None:
                 time.sleep(self.poll())
@@ -414,8 +434,57 @@ class CountedRounds:
         if self.round < 0:
             return 0
         count = self._joined(self.round + 1)
+        if count and self.secret.on:
+            count = self._proven_waiting(self.round + 1, count)
         self._waiting = (time.monotonic(), count)
         return count
+
+    def _proven_waiting(self, round_: int, count: int) -> int:
+        """Of the ``count`` nodes waiting in round ``round_`` (the one after
+        this node's), those whose entry proves the job's secret. One that
+        does not is not counted, so it starts no new round (the ranks train
+        on), and is marked refused (``refused/P``, which it reads within a
+        second and stops); the node that marks it first names it. Each
+        place's entry is read once (a place whose entry is not written yet
+        is read at the next look)."""
+        if self._looked_round != round_:
+            self._looked, self._looked_round = {}, round_
+        for place in range(1, count + 1):
+            if place in self._looked:
+                continue
+            key = self._key(round_, f"node/{place}")
+            if not self.store.check([key]):
+                continue
+            entry = bytes(self.store.get(key)).decode()
+            ok = self.secret.proves(_proof(entry), "node", self.run_id, round_, place, _entry(entry))
+            self._looked[place] = ok
+            if not ok and int(self.store.add(self._key(round_, f"refused/{place}"), 1)) == 1:
+                self.store.add(self._key(round_, "refused"), 1)
+                self.turned_away.append(_member(entry))
+        return sum(1 for place, ok in self._looked.items() if ok and place <= count)
+
+    def _turned_away_in(self, round_: int) -> int:
+        """How many places of round ``round_`` were marked refused while
+        their nodes waited (see :meth:`_proven_waiting`): the round takes
+        ``max_nodes`` more than that, as those nodes have left it."""
+        return int(self.store.add(self._key(round_, "refused"), 0))
+
+    def _refused_while_waiting(self, round_: int) -> bool:
+        """Whether a node of the running job marked this node's place in
+        ``round_`` refused (see :meth:`_proven_waiting`), and the round met
+        before, which the job's nodes are in, is not this node's job: its
+        members do not prove this node's secret (or prove one, where this
+        node has none). A node of the job never takes a mark for itself."""
+        if not self.store.check([self._key(round_, f"refused/{self.place}")]):
+            return False
+        members = self._key(round_ - 1, "members")
+        if round_ < 1 or not self.store.check([members]):
+            return False
+        *before, proof = bytes(self.store.get(members)).decode().split("\n")
+        proof = proof.removeprefix("proof ")
+        if not self.secret.on:
+            return proof != NONE
+        return not self.secret.proves(proof, "members", self.run_id, round_ - 1, "\n".join(before))
 
     def is_closed(self) -> bool:
         return bool(self.store.check([job_keys.CLOSED]))

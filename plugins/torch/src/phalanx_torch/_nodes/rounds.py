@@ -163,7 +163,7 @@ def _handler_class() -> type:
                 self._keep_open = True  # the job goes on without this node
                 raise MisconfigurationError(
                     f"this node was refused by the job at {self._place_text}: it did not prove the job's "
-                    f"secret ({SECRET_VAR}), so the round gave it no rank. Give every node of the job the "
+                    f"secret ({SECRET_VAR}), and gets no rank. Give every node of the job the "
                     f"same {SECRET_VAR} (or none on every node), then start this node again"
                 ) from None
             except RendezvousClosedError:
@@ -309,6 +309,16 @@ def _handler_class() -> type:
             return self._waiting(self._inner.num_nodes_waiting)
 
         def _waiting(self, read: Any) -> int:
+            waiting = self._read_waiting(read)
+            turned_away, self._inner.turned_away = self._inner.turned_away, []
+            for _, where, host in turned_away if self.say is not None else ():
+                self.say(
+                    f"a node at {where} (host {host or '?'}) asked to join the job without proving its "
+                    f"secret ({SECRET_VAR}): refused; the ranks train on"
+                )
+            return waiting
+
+        def _read_waiting(self, read: Any) -> int:
             if not self.in_etcd:  # node 0's store: its loss ends the job (NodeLostError)
                 return int(read())
             # etcd, asked every monitor interval while the ranks train: if
