@@ -32,7 +32,8 @@ def same_weights_everywhere(job: Job, groups: int) -> None:
     import torch
 
     ends = sorted(job.out.glob("group*-rank*-*.pt"))
-    assert len(ends) == groups, [p.name for p in ends]
+    # With the job's output: a group that ended without its weights says why there.
+    assert len(ends) == groups, ([p.name for p in ends], job.output)
     first = torch.load(ends[0])["weights"]
     for path in ends[1:]:
         weights = torch.load(path)["weights"]
