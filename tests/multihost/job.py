@@ -12,7 +12,8 @@ Modes:
     load PATH     load the checkpoint at PATH, print its weights' digest.
     lose PID      rank 0 kills process PID (the job's etcd) with SIGKILL once
                   every rank has passed a barrier; every rank then goes on
-                  with collectives for about 6 s, and trains.
+                  with collectives for about 6 s, and trains; its
+                  result says when it ended (``ended_at``, epoch seconds).
 
 Outside ``phalanx run`` (torchrun) the strategy is ``ddp`` on the CPU with
 ``num_nodes`` from ``--nnodes`` (``GROUP_WORLD_SIZE``).
@@ -95,7 +96,7 @@ def main(strategy):
             strategy.all_reduce(torch.ones(1))
             time.sleep(0.3)
         model, _ = train(strategy)
-        report(strategy, weights=digest(strategy, model))
+        report(strategy, weights=digest(strategy, model), ended_at=time.time())
     elif MODE == "save":
         model, optimizer = train(strategy)
         strategy.save_checkpoint(ARG, {"model": model, "optimizer": optimizer, "step": 3})

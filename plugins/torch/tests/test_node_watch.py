@@ -383,3 +383,27 @@ def test_a_post_that_does_not_prove_the_jobs_secret_stops_no_node_and_is_said(st
     finally:
         for node in [*nodes, stranger]:
             node.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[192.168.77.1]:28059: Connection reset by peer. This is typically caused by a remote worker hanging "
+            "or bugs in the application. Check the logs of the remote worker before reporting an error. GLHF! 🏖️",
+            "RuntimeError: Read error [192.168.77.1]: Connection reset by peer",
+        ),
+        (
+            "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+            "closed by peer [10.79.0.1]:58084. This is typically caused by a remote worker crashing. Check the "
+            "logs of the remote worker before reporting an error. GLHF! 🏖️",
+            "RuntimeError: Connection closed by peer [10.79.0.1]",
+        ),
+    ],
+    ids=["read error", "closed by peer"],
+)
+def test_a_lost_peers_gloo_line_is_said_without_gloos_source_guess_and_port(line, said):
+    from phalanx_torch._launch.failures import what_happened
+
+    assert what_happened(line) == said

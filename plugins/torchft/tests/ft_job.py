@@ -41,6 +41,26 @@ SCRIPT = textwrap.dedent(
         )
     strategy = phalanx.resolve(**options)
     strategy.launch()
+    # "GROUP RANK STEP" in stall-at: that rank stalls at that step in its
+    # gradients' all-reduce, before the one across groups (alive, answering
+    # nothing), until its group is stopped.
+    if (out / "stall-at").exists():
+        group, rank, at = map(int, (out / "stall-at").read_text().split())
+        if (strategy.replica_group, strategy.global_rank) == (group, rank):
+            across = strategy.manager.allreduce
+
+            def stalling(*args, **kwargs):
+                if (
+                    strategy.current_step >= at
+                    and strategy.participants == strategy.replica_groups  # every group in the step
+                    and not (out / "stalled").exists()
+                ):
+                    (out / "stalled.tmp").write_text(str(os.getpid()))
+                    (out / "stalled.tmp").rename(out / "stalled")
+                    time.sleep(600)
+                return across(*args, **kwargs)
+
+            strategy.manager.allreduce = stalling
     torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
     loads = []
 
@@ -138,6 +158,7 @@ class Job:
         *flags: str,
         strategy: str = "ddp_ft",
         park_at: int | None = None,
+        stall_at: tuple[int, int, int] | None = None,
         fsdp_options: bool = False,
         workers: int = 0,
         hosts: Sequence[Any] = (),
@@ -152,6 +173,8 @@ class Job:
         self.out.mkdir()
         if park_at is not None:
             (self.out / "park-at").write_text(str(park_at))
+        if stall_at is not None:  # (group, rank, step)
+            (self.out / "stall-at").write_text(" ".join(map(str, stall_at)))
         if workers:  # the DataLoader's num_workers
             (self.out / "workers").write_text(str(workers))
         if fsdp_options:  # shard each Linear, bf16 parameters, offloaded to CPU memory
@@ -391,6 +414,11 @@ class Job:
             int(path.name.split("-")[0][len("group") :]): torch.load(path)
             for path in sorted(self.out.glob("group*-rank0-*.pt"))
         }
+
+
+def ranks_of(job: Job, group: int, rank: int) -> list[int]:
+    """The pids that ran ``rank`` of ``group``, in the order they trained."""
+    return list(dict.fromkeys(s[2] for s in job.steps if s[0] == group and s[1] == rank))
 
 
 def kill_one_of_two_groups_and_check_it_heals(job: Job, park_at: int) -> None:

@@ -4,6 +4,7 @@ this host, a rank killed with SIGKILL while the job trains."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job, a_late_group_once_the_job_has_finished
+from ft_job import Job, a_late_group_once_the_job_has_finished, ranks_of
 from phalanx_torchft.launcher import ReplicaGroupsLauncher
 
 import phalanx
@@ -160,6 +161,53 @@ def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finis
     assert code == 128 + signal.SIGKILL, output
     assert "replica group 0 failed 1 time(s), more than max_restarts=0" in output
     assert sorted(job.ends()) == [1]  # group 1 trained to the end alone
+
+
+def test_a_rank_that_stalls_holds_its_own_group_until_its_timeout_and_the_others_train_on(tmp_path):
+    # Three groups of two ranks. At step 5 group 1's rank 1 stalls (alive,
+    # answering nothing) in its gradients' all-reduce. Groups 0 and 2 drop
+    # that step once their all-reduce with it gives up (replica_timeout),
+    # and train on as two groups (a majority of the three that beat to the
+    # lighthouse). Group 1's rank 0 waits for the stalled rank in DDP's own
+    # collective within the group, until the group's collective timeout
+    # (-o timeout, 1800 s by default; 20 s here): then group 1 fails, is
+    # started again (its stalled rank stopped with it) and heals.
+    flags = ("-o", "replica_timeout=3", "-o", "timeout=20")
+    job = Job(
+        tmp_path, "--devices", "2", "--replica-groups", "3", "--max-restarts", "1", *flags, stall_at=(1, 1, 5)
+    )
+    stalled_file = job.out / "stalled"
+    job.wait_for(stalled_file.exists, "group 1's rank 1 stalled")
+    stalled = int(stalled_file.read_text())
+    stalled_at = time.monotonic()
+    job.wait_for(
+        lambda: all(
+            sum(1 for s in job.steps if s[0] == group and s[6] > stalled_at and s[4] and s[5] == 2) >= 3
+            for group in (0, 2)
+        ),
+        "groups 0 and 2 training without group 1",
+    )
+    job.wait_for(
+        lambda: any(s[0] == 1 and s[1] == 1 and s[2] != stalled and s[4] and s[5] == 3 for s in job.steps),
+        "group 1 started again and training with the others",
+    )
+    job.stop_after(5)
+    assert job.finish() == 0, job.output
+    output = job.output
+    assert not alive(stalled), output
+    for group, rank in itertools.product((0, 2), (0, 1)):
+        assert len(ranks_of(job, group, rank)) == 1, output  # groups 0 and 2 never restarted
+    assert "replica group 0 failed" not in output and "replica group 2 failed" not in output, output
+    assert "Timed out waiting 20000ms" in output, output  # group 1's own collective timeout
+    assert "phalanx run: replica group 1 failed (exit status 1); starting it again (1 of 1)" in output, output
+    assert not job.diverged(), (job.diverged(), output)
+    import torch
+
+    every_rank = sorted(job.out.glob("group*-rank*-*.pt"))
+    assert len(every_rank) == 6, ([p.name for p in every_rank], output)
+    first = torch.load(every_rank[0])["weights"]
+    for path in every_rank[1:]:
+        assert all(a.equal(b) for a, b in zip(first, torch.load(path)["weights"], strict=True)), path.name
 
 
 def test_a_group_late_for_the_jobs_end_stops_and_is_not_started_again(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job, a_late_group_once_the_job_has_finished
+from ft_job import Job, a_late_group_once_the_job_has_finished, ranks_of
 
 from phalanx_core.testing.hosts import TestBed, missing
 
@@ -194,11 +194,6 @@ def test_a_group_on_two_hosts_is_started_again_on_both_and_heals_from_a_peer(tmp
         trained = job.trained()
         for epoch in sorted(trained)[:-1]:
             assert set(trained[epoch]) == set(range(120)), (epoch, output)
-
-
-def ranks_of(job: Job, group: int, rank: int) -> list[int]:
-    """The pids that ran ``rank`` of ``group``, in the order they trained."""
-    return list(dict.fromkeys(s[2] for s in job.steps if s[0] == group and s[1] == rank))
 
 
 def test_a_lost_host_of_a_group_on_two_hosts_is_waited_for_until_the_job_ends(tmp_path):

@@ -50,10 +50,11 @@ class FaultTolerant:
     Options (keywords of :func:`phalanx.resolve`, ``-o NAME=VALUE``), with
     the inner strategy's own:
 
-    - ``replica_timeout``: seconds a collective across groups, a commit, or a
-      healing transfer may take (default 10); also how long a survivor can
-      stall on a peer that hangs without dying (a host cut off the
-      network). A peer that dies (its sockets close) is noticed at once.
+    - ``replica_timeout``: seconds a collective across groups or a healing
+      transfer may take (default 10; a step's commit waits twice as long
+      for the ranks of its group); also how long a survivor can stall on a
+      peer that hangs without dying (a host cut off the network). A peer
+      that dies (its sockets close) is noticed at once.
     - ``quorum_timeout``: seconds a training step waits for its quorum
       (default 10): where the lighthouse is lost or cut off, or fewer than
       ``min_replicas`` groups are alive, each group's ranks stop with
@@ -327,7 +328,7 @@ class FaultTolerant:
             sent = [t.detach().clone() if leads else torch.zeros_like(t) for t in tensors]
             for tensor in sent:
                 manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
-            committed = manager.should_commit()
+            committed = manager.should_commit(timeout=self._commit_wait)
             self._step_open = False
             if committed:
                 with torch.no_grad():
@@ -443,6 +444,18 @@ class FaultTolerant:
         started (60 s); a restarted group found it before."""
         return max(self.quorum_timeout, 60.0) if self.restart_count == 0 else self.quorum_timeout
 
+    @property
+    def _commit_wait(self) -> timedelta:
+        """How long a rank's commit waits for the other ranks of its group
+        (TorchFT's ``should_commit`` is a barrier of the group): twice
+        ``replica_timeout``. A rank whose all-reduce with a lost group's
+        rank gives up only after ``replica_timeout`` comes to the commit
+        that much after its group's other ranks, whose all-reduces
+        completed; waiting only as long, they could give up first (a
+        ``TimeoutError`` out of the step, the group restarted) instead of
+        dropping the step with it, as a group of one rank does."""
+        return timedelta(seconds=2 * self.replica_timeout)
+
     def _open_step(self, timeout: float | None = None) -> None:
         """Ask for this step's quorum (once per step); wait for it here
         where the step may not compute while it forms."""
@@ -517,7 +530,7 @@ class FaultTolerant:
             self._open_step()
             self._wait_quorum()
             members, trained = self._trained_members() if self._loaders else (0, frozenset())
-            self._verdict = bool(self.manager.should_commit())
+            self._verdict = bool(self.manager.should_commit(timeout=self._commit_wait))
             self.committed = self._verdict
             for loader in self._loaders:
                 loader._settle(self._verdict, members, trained)

@@ -40,8 +40,7 @@ def say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ran
         what = f"rank {first.rank} failed ({how}{': ' + last[0] if last else ''})"
         if first.raised and first.lost_a_peer:
             # The likeliest cause is the one this node's ranks cannot see.
-            said = _GLOO_SOURCE.sub("", _GLOO_ADVICE.sub("", last[0])) if last else ""
-            said = _GLOO_PEER_PORT.sub(r"\1", said)
+            said = what_happened(last[0]) if last else ""
             what = (
                 f"rank {first.rank} lost a peer ({how}{': ' + said if said else ''}); no rank of "
                 "this node failed of itself: the cause is on another node (its output names the rank), "
@@ -54,12 +53,21 @@ def say_restart(who: str, result: Any, restart: int, max_restarts: int, node_ran
 
 
 #: What a line of gloo's says besides what happened: where in gloo's
-#: source it was raised, and its advice to read the other worker's logs.
+#: source it was raised, and its guess at the cause with its advice to read
+#: the other worker's logs ("... a remote worker crashing. Check ...",
+#: "... a remote worker hanging or bugs in the application. Check ...").
 _GLOO_SOURCE = re.compile(r"\[[^\]\s]*gloo/[^\]\s]*:\d+\] ")
-_GLOO_ADVICE = re.compile(r"\. This is typically caused by a remote worker crashing\..*$")
-#: The port gloo names a lost peer by: its bytes swapped (torch 2.13's
-#: gloo printed 58084 for a peer whose socket ss showed on 58594).
-_GLOO_PEER_PORT = re.compile(r"(by peer \[[^\]\s]+\]):\d+")
+_GLOO_ADVICE = re.compile(r"\. This is typically caused by a remote worker .*$")
+#: The port gloo names a lost peer by ("Connection closed by peer [A]:P",
+#: "Read error [A]:P"): its bytes swapped (torch 2.13's gloo printed 58084
+#: for a peer whose socket ss showed on 58594).
+_GLOO_PEER_PORT = re.compile(r"((?:by peer|error) \[[^\]\s]+\]):\d+")
+
+
+def what_happened(line: str) -> str:
+    """A rank's last error line that says it lost a peer, without gloo's
+    source location, guess and advice, and the port it names the peer by."""
+    return _GLOO_PEER_PORT.sub(r"\1", _GLOO_SOURCE.sub("", _GLOO_ADVICE.sub("", line)))
 
 
 def lost_words(lost: tuple[int, str], seconds: float) -> str:
