@@ -20,7 +20,7 @@ from typing import Any
 
 SCRIPT = textwrap.dedent(
     """
-    import functools, os, sys, time
+    import functools, os, signal, sys, time
     from pathlib import Path
     import torch
     from torch import nn
@@ -41,9 +41,9 @@ SCRIPT = textwrap.dedent(
         )
     strategy = phalanx.resolve(**options)
     strategy.launch()
-    # "GROUP RANK STEP" in stall-at: that rank stalls at that step in its
-    # gradients' all-reduce, before the one across groups (alive, answering
-    # nothing), until its group is stopped.
+    # "GROUP RANK STEP" in stall-at: that rank stops itself (SIGSTOP: alive,
+    # answering nothing) at that step in its gradients' all-reduce, before
+    # the one across groups, until its group is stopped.
     if (out / "stall-at").exists():
         group, rank, at = map(int, (out / "stall-at").read_text().split())
         if (strategy.replica_group, strategy.global_rank) == (group, rank):
@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent(
                 ):
                     (out / "stalled.tmp").write_text(str(os.getpid()))
                     (out / "stalled.tmp").rename(out / "stalled")
-                    time.sleep(600)
+                    os.kill(os.getpid(), signal.SIGSTOP)  # its threads too: gloo's sends stop mid-way
                 return across(*args, **kwargs)
 
             strategy.manager.allreduce = stalling
