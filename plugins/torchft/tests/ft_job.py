@@ -120,7 +120,9 @@ SCRIPT = textwrap.dedent(
                 if (out / "wake").exists():
                     break
                 time.sleep(0.1)
-        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        # In float32 whatever the model computes in: torch 2.9's mse_loss
+        # cannot take the backward of a bfloat16 output against a float32 target.
+        loss = nn.functional.mse_loss(model(x).float(), x.sum(1, keepdim=True))
         time.sleep(0.1)
         strategy.backward(loss)
         strategy.optimizer_step(optimizer)
