@@ -366,7 +366,8 @@ def torchft(session: nox.Session) -> None:
     lighthouse; torch>=2.7, so the pinned torch stays): strategies ddp_ft and
     hsdp_ft and launcher replica_groups, replica groups of gloo ranks, one
     killed with SIGKILL while the job trains, the others going on, the
-    killed one healing from a peer; then on three hosts made of network
+    killed one healing from a peer; a rank stopped with SIGSTOP, its group
+    alone restarted after its collective timeout; then on three hosts made of network
     namespaces (root and iproute2, as ``multihost``): a host killed whole,
     one cut off the network, the lighthouse's host lost; and on four, two
     groups of two hosts each: a rank killed, a host lost, a host cut off."""
