@@ -115,6 +115,8 @@ class Node:
 
 
 def _worker(indices: list[int], cfg: SimpleNamespace, commands: Any, events: Any) -> None:
+    if cfg.nice:  # the nodes yield the cores to the store, as if it had cores of its own
+        os.nice(cfg.nice)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a client (and a socket) a node
     counts = Counts()
@@ -169,6 +171,7 @@ class Run:
             timeout=args.timeout,
             last_call=args.last_call,
             rendezvous=rendezvous,
+            nice=args.nice,
         )
         ctx = mp.get_context("spawn")
         self.events: Any = ctx.Queue()
@@ -296,7 +299,7 @@ def _line(label: str, value: str) -> None:
 def run_one(n: int, rendezvous: str, args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"\n== {n} nodes, {rendezvous} rounds on {args.store} ({args.procs} processes, "
-        f"last call {args.last_call} s)",
+        f"last call {args.last_call} s{f', nodes at nice {args.nice}' if args.nice else ''})",
         flush=True,
     )
     run = Run(n, rendezvous, args)
@@ -340,6 +343,13 @@ def main() -> None:
         choices=["c10d", "etcd"],
         default="c10d",
         help="node 0's store, or etcd",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="the worker processes' niceness (e.g. 19): the store (etcd, or the driver's) is then served "
+        "first, as a real store's own cores would serve it, where the simulated nodes would take the cores",
     )
     args = parser.parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -231,6 +231,27 @@ def test_nodes_entering_at_once_get_every_place_once(cluster):
     assert stores[1].entered("r/0/joined") == 40 and stores[1].entered("r/1/joined") == 0
 
 
+def test_a_place_is_counted_as_the_store_was_and_where_that_was_compacted_from_the_keys(cluster):
+    """A place (``enter``) is the count of entrants as the store was at the
+    entrant's own revision: one small read, whatever the number of nodes.
+    Where etcd has compacted that revision away, the keys made by then are
+    counted instead: the same answer."""
+    client = _etcd3.Etcd3(cluster.endpoints)
+    client.put(b"/phalanx/test/history/e/1", b"1")
+    client.put(b"/phalanx/test/history/e/2", b"1")
+    (second,), now = client.read([b"/phalanx/test/history/e/2"])
+    assert second is not None
+    made = int(second["create_revision"])
+    client.put(b"/phalanx/test/history/e/3", b"1")
+    assert client.keys(b"/phalanx/test/history/e/", made) == 2  # at its revision: the third not yet there
+    assert client.keys(b"/phalanx/test/history/e/") == 3
+    (_,), now = client.read([b"/phalanx/test/history/e/3"])
+    client.call("kv/compaction", {"revision": str(now), "physical": True})
+    with pytest.raises(_etcd3.EtcdRequestError, match="compacted"):  # what etcd says of such a read
+        client.call("kv/range", {"key": _etcd3._b64(b"/x"), "count_only": True, "revision": str(made)})
+    assert client.keys(b"/phalanx/test/history/e/", made) == 2
+
+
 def test_a_cluster_without_a_majority_is_named_with_what_to_do(cluster):
     from phalanx_core import UnavailableError
     from phalanx_torch._nodes.job_store import _check_etcd
