@@ -352,6 +352,8 @@ def main() -> None:
         "first, as a real store's own cores would serve it, where the simulated nodes would take the cores",
     )
     args = parser.parse_args()
+    if args.nice < 0 and os.geteuid() != 0:
+        parser.error(f"--nice {args.nice}: a priority above the default needs root; give 0 to 19")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     print(f"rounds_scale: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     for n in (int(x) for x in args.nodes.split(",")):
