@@ -37,10 +37,12 @@ if TYPE_CHECKING:
     from .checkpoint_directory import CheckpointDirectory
     from .collective import (
         DEFAULT_TIMEOUT,
+        FAULT_TOLERANCE,
         OPERATIONS,
         REDUCE_OPS,
         Collective,
         CompletedWork,
+        Membership,
         NonMember,
         Work,
         check_into,
@@ -74,6 +76,8 @@ _LAZY = {
     "check_module_keys": "checkpoint",
     "CheckpointDirectory": "checkpoint_directory",
     "DEFAULT_TIMEOUT": "collective",
+    "FAULT_TOLERANCE": "collective",
+    "Membership": "collective",
     "OPERATIONS": "collective",
     "REDUCE_OPS": "collective",
     "Collective": "collective",
@@ -112,6 +116,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "FAULT_TOLERANCE",
     "OPERATIONS",
     "PROJECT",
     "REDUCE_OPS",
@@ -132,6 +137,7 @@ __all__ = [
     "Kind",
     "Launcher",
     "LauncherSpec",
+    "Membership",
     "MisconfigurationError",
     "Need",
     "NonMember",

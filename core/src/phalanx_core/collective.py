@@ -85,6 +85,35 @@ itself back.
 **Bad arguments** (a ``src`` outside the group, an op name that does not
 exist, a ``scatter_list`` of the wrong length, ``send`` to oneself) raise
 :class:`~phalanx_core.MisconfigurationError` before anything is sent.
+
+**When peers come and go** (the fault-tolerance capabilities,
+:data:`FAULT_TOLERANCE`). A collective declares what it can do in
+:attr:`~Collective.fault_tolerance`, as it declares ``unsupported``; the
+conformance suite checks every claim, and a strategy that needs one (the
+``*_ft`` strategies need ``liveness`` and ``reconfigure``) refuses, when it
+is resolved, a collective that does not declare it.
+
+- ``liveness``: an operation whose peer died raises
+  :class:`~phalanx_core.CollectiveConnectionError`, and one whose peer
+  stalls :class:`~phalanx_core.CollectiveTimeoutError`, within the
+  collective's timeout: never a hang. :meth:`~Collective.abort` ends every
+  pending operation of this rank (they raise) and leaves the group; an
+  operation after it raises :class:`~phalanx_core.CollectiveConnectionError`
+  until the next :meth:`~Collective.reconfigure`.
+- ``reconfigure``: :meth:`~Collective.reconfigure` forms a new group of the
+  members a :class:`Membership` names (this rank's place, their number, the
+  store they meet at and the configuration's prefix there), in place, on a
+  collective that was never set up or was set up before: the previous
+  group's pending operations are aborted, and every operation after it runs
+  over the new group, with the new ranks. It can be called any number of
+  times in one process, twice in a row before any operation too, and no
+  operation of one configuration meets another's. ``new_group`` is not part
+  of it: a reconfigured group makes no subgroups.
+- ``shrink``: :meth:`~Collective.shrink` drops the given ranks from the
+  group in place (torch's ``shrink_group``, where the backend has it).
+
+A collective that does not declare a capability refuses its method with
+:class:`~phalanx_core.UnavailableError` naming the capability.
 """
 
 from __future__ import annotations
@@ -103,6 +132,7 @@ from ._checks import (
     poll,
     timed_out,
 )
+from ._membership import FAULT_TOLERANCE, Membership, check_capabilities
 from ._operations import DEFAULT_TIMEOUT, EXTENDS, OPERATIONS, REDUCE_OPS, Tensor
 from ._work import CompletedWork, Work, _Then
 from .errors import (
@@ -119,10 +149,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "FAULT_TOLERANCE",
     "OPERATIONS",
     "REDUCE_OPS",
     "Collective",
     "CompletedWork",
+    "Membership",
     "NonMember",
     "Tensor",
     "Work",
@@ -155,12 +187,18 @@ class Collective(ABC):
             group of every rank (XLA runs each collective on all replicas):
             a smaller group raises :class:`~phalanx_core.UnavailableError`
             naming ``new_group``. The conformance suite checks both halves.
+        fault_tolerance: what this collective can do when its peers come
+            and go (``"liveness"``, ``"reconfigure"``, ``"shrink"``: see the
+            contract's "When peers come and go"). Declare only what the
+            conformance suite's fault-tolerance tests pass; a collective made
+            of others declares what all of them can (per instance).
     """
 
     name: ClassVar[str] = "collective"
     reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
     unsupported: ClassVar[frozenset[str]] = frozenset()
     subgroups: ClassVar[bool] = True
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset()
     #: What every node of the job must have resolved alike (field -> value),
     #: set by the strategy before :meth:`setup` (``Strategy.plan_facts()``).
     #: A collective that can compare it across the nodes before its group
@@ -185,6 +223,9 @@ class Collective(ABC):
                 f"{cls.__qualname__}.unsupported names {sorted(unknown)}, which are not "
                 f"operations of the contract ({', '.join(OPERATIONS)})"
             )
+        cls.fault_tolerance = check_capabilities(
+            cls.fault_tolerance, where=f"{cls.__qualname__}.fault_tolerance"
+        )
         derived = {op for op, base in EXTENDS.items() if base in cls.unsupported and op not in cls.__dict__}
         if derived - set(cls.unsupported):
             cls.unsupported = frozenset(cls.unsupported) | derived
@@ -393,6 +434,38 @@ class Collective(ABC):
         """Make a subgroup of ``ranks`` (ranks of this group). Collective:
         every rank calls it. Members get a collective over the subgroup;
         non-members get a :class:`NonMember`."""
+
+    # -- peers that come and go --------------------------------------------------
+
+    def _lacks(self, capability: str, method: str) -> UnavailableError:
+        return UnavailableError(
+            f"{method}() is not available on the {self.name!r} collective "
+            f"({type(self).__module__}.{type(self).__qualname__}): it does not declare the "
+            f"{capability!r} capability (its fault_tolerance: "
+            f"{', '.join(sorted(self.fault_tolerance)) or 'none'}). Use a collective that has it, "
+            "e.g. collective='torch'"
+        )
+
+    def reconfigure(self, membership: Membership) -> None:
+        """Form a new group of the members ``membership`` names, in place
+        (capability ``reconfigure``; see the contract). Collective: every
+        member calls it with the same store and prefix and its own rank.
+        Raises :class:`~phalanx_core.CollectiveConnectionError` or
+        :class:`~phalanx_core.CollectiveTimeoutError` where the members do
+        not all arrive within the timeout. The base refuses."""
+        raise self._lacks("reconfigure", "reconfigure")
+
+    def abort(self) -> None:
+        """End every pending operation of this rank (each raises) and leave
+        the group, without waiting for any peer (capability ``liveness``).
+        Safe to call more than once. The base refuses."""
+        raise self._lacks("liveness", "abort")
+
+    def shrink(self, ranks: Sequence[int]) -> None:
+        """Drop ``ranks`` (ranks of this group) from the group in place;
+        the others keep their order and are renumbered from 0 (capability
+        ``shrink``). Every remaining rank calls it. The base refuses."""
+        raise self._lacks("shrink", "shrink")
 
     # -- diagnosis -----------------------------------------------------------
 

@@ -269,15 +269,22 @@ class CollectiveSpec(Spec):
             a collective (c10d's ``"gloo"``), mapped to the options that
             choose it (``{"backend": "gloo"}``). They do not resolve:
             asking for one is an error that names the call to make instead.
+        fault_tolerance: what the collective can do when its peers come and
+            go (``"liveness"``, ``"reconfigure"``, ``"shrink"``), as its
+            class declares it (``Collective.fault_tolerance``): read when
+            resolving, without importing it. A composed collective has what
+            it declares and every one of its parts has.
     """
 
     kind: ClassVar[Kind] = Kind.COLLECTIVE
     parts: Mapping[str, str] = field(default_factory=dict)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    fault_tolerance: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _freeze_variants(self)
+        _freeze_capabilities(self, "fault_tolerance")
         if not isinstance(self.parts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.parts.items()
         ):
@@ -319,6 +326,12 @@ class StrategySpec(Spec):
             keywords of :func:`phalanx.resolve` they stand for
             (``{"find_unused_parameters": True}``). They do not resolve:
             asking for one is an error that names the call to make instead.
+        collective_needs: the fault-tolerance capabilities its collective
+            must have (``("liveness", "reconfigure")`` for a strategy whose
+            replicas come and go): resolving refuses a collective that lacks
+            one, naming it and the installed collectives that have it. Such
+            a strategy gets a second collective of the same kind, never set
+            up, to reconfigure (its ``across`` argument).
     """
 
     kind: ClassVar[Kind] = Kind.STRATEGY
@@ -329,10 +342,12 @@ class StrategySpec(Spec):
     parallel: bool = False
     traffic: Mapping[str, str] = field(default_factory=dict)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    collective_needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _freeze_variants(self)
+        _freeze_capabilities(self, "collective_needs")
         object.__setattr__(self, "accelerators", tuple(self.accelerators))
         if not isinstance(self.traffic, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.traffic.items()
@@ -357,6 +372,18 @@ SPEC_TYPES: dict[Kind, type[Spec]] = {
     Kind.PRECISION: PrecisionSpec,
     Kind.STRATEGY: StrategySpec,
 }
+
+
+def _freeze_capabilities(spec: Any, name: str) -> None:
+    """Check a spec's fault-tolerance capabilities and keep them as a
+    sorted tuple."""
+    from ._membership import check_capabilities
+
+    try:
+        found = check_capabilities(getattr(spec, name), where=f"{type(spec).__name__} {spec.name!r}: {name}")
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    object.__setattr__(spec, name, tuple(sorted(found)))
 
 
 def _freeze_variants(spec: Any) -> None:

@@ -61,6 +61,27 @@ SCRIPT = textwrap.dedent(
                 return across(*args, **kwargs)
 
             strategy.manager.allreduce = stalling
+    # The bytes each all_reduce between the groups gave the collective
+    # that carries them (compressed's inner one), by dtype.
+    # Each size (bytes) it got, by dtype; and the sizes of the float32
+    # tensors the strategy gave TorchFT's manager to average.
+    carrier = getattr(strategy.across, "inner", strategy.across)
+    across_sizes, across_calls, given_sizes = {}, {}, set()
+    reduce_across, average = carrier.all_reduce, strategy.manager.allreduce
+
+    def carried(tensor, *args, **kwargs):
+        kind = str(tensor.dtype).replace("torch.", "")
+        across_sizes.setdefault(kind, set()).add(tensor.numel() * tensor.element_size())
+        across_calls[kind] = across_calls.get(kind, 0) + 1
+        return reduce_across(tensor, *args, **kwargs)
+
+    def given(tensor, *args, **kwargs):
+        if tensor.dtype == torch.float32:
+            given_sizes.add(tensor.numel() * tensor.element_size())
+        return average(tensor, *args, **kwargs)
+
+    carrier.all_reduce = carried
+    strategy.manager.allreduce = given
     torch.manual_seed(strategy.replica_group)  # unlike on purpose: step 0 makes them alike
     loads = []
 
@@ -132,7 +153,9 @@ SCRIPT = textwrap.dedent(
               f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}")
     whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     torch.save(
-        {"weights": whole, "loads": loads, "restarts": strategy.restart_count, "rereads": loader.rereads},
+        {"weights": whole, "loads": loads, "restarts": strategy.restart_count, "rereads": loader.rereads,
+         "across": {"sizes": across_sizes, "calls": across_calls, "given": given_sizes,
+                    "collective": type(strategy.across).__name__}},
         out / f"group{strategy.replica_group}-rank{strategy.global_rank}-{os.getpid()}.pt",
     )
     print(f"DONE {where}", flush=True)

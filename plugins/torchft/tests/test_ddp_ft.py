@@ -34,19 +34,33 @@ def alive(pid: int) -> bool:
     return True
 
 
+#: The parameters of the tests' model: its float32 gradients, in bytes.
+GRADIENT_BYTES = (8 * 16 + 16 + 16 * 1 + 1) * 4
+
+
 @pytest.mark.parametrize(
-    ("strategy", "devices", "fsdp_options", "workers"),
+    ("strategy", "devices", "fsdp_options", "workers", "collective"),
     [
-        ("ddp_ft", 1, False, 0),
-        ("ddp_ft", 2, False, 0),
-        ("ddp_ft", 1, False, 2),
-        ("hsdp_ft", 2, False, 0),
-        ("hsdp_ft", 2, True, 0),
+        ("ddp_ft", 1, False, 0, "torch"),
+        ("ddp_ft", 2, False, 0, "torch"),
+        ("ddp_ft", 1, False, 2, "torch"),
+        ("hsdp_ft", 2, False, 0, "torch"),
+        ("hsdp_ft", 2, True, 0, "torch"),
+        ("ddp_ft", 1, False, 0, "compressed"),
+        ("hsdp_ft", 2, False, 0, "compressed"),
     ],
-    ids=["ddp_ft-1", "ddp_ft-2", "ddp_ft-1-loader-workers", "hsdp_ft-2", "hsdp_ft-2-units-bf16-offload"],
+    ids=[
+        "ddp_ft-1",
+        "ddp_ft-2",
+        "ddp_ft-1-loader-workers",
+        "hsdp_ft-2",
+        "hsdp_ft-2-units-bf16-offload",
+        "ddp_ft-1-compressed",
+        "hsdp_ft-2-compressed",
+    ],
 )
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
-    tmp_path, strategy, devices, fsdp_options, workers
+    tmp_path, strategy, devices, fsdp_options, workers, collective
 ):
     # hsdp_ft-2-units-bf16-offload: each Linear its own FSDP unit
     # (shard_modules), bf16 parameters with float32 reductions (mp_policy),
@@ -61,6 +75,8 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         "3",
         "--max-restarts",
         "1",
+        "--collective",
+        collective,
         strategy=strategy,
         park_at=10,
         fsdp_options=fsdp_options,
@@ -115,6 +131,21 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     # did (seen at step 63, 5 steps after the restarted group came back).
     assert len(ends[1]["loads"]) == 1
     assert [ends[group]["restarts"] for group in (0, 1, 2)] == [0, 1, 0]  # strategy.restart_count
+
+    # The gradients between the groups went through the collective named,
+    # every one of them: under compressed, the torch collective under it
+    # got each float32 gradient TorchFT averaged in bf16, half its bytes
+    # (the plain torch collective: the float32 itself), and no float32 at
+    # all. (The groups' first step sends the leader's state as bytes,
+    # uint8; the step's members go as int64.)
+    wire, ratio = ("bfloat16", 2) if collective == "compressed" else ("float32", 1)
+    kind = {"torch": "TorchCollective", "compressed": "CompressedCollective"}[collective]
+    for path in every_rank:
+        across = torch.load(path)["across"]
+        assert across["collective"] == kind, across
+        assert set(across["calls"]) <= {wire, "uint8", "int64"}, across
+        assert across["calls"][wire] >= 5, across  # a step each (the restarted group: from its return)
+        assert across["sizes"][wire] == {size // ratio for size in across["given"]}, across
     assert ends[1]["loads"][0] >= 10
     for group in (0, 2):
         assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]

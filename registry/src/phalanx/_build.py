@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -37,6 +38,7 @@ _GIVEN: dict[Kind, tuple[str, ...]] = {
         "launcher",
         "parallel_devices",
         "num_nodes",
+        "across",
     ),
 }
 
@@ -159,6 +161,21 @@ def _accepted_options(cls: type) -> set[str] | None:
     return None
 
 
+def _check_built_capabilities(spec: StrategySpec, choice: Choice, collective: Any) -> None:
+    """The collective as built has the capabilities the strategy needs
+    (a ready instance, or a composed one whose part was given as one, is
+    seen only here)."""
+    missing = sorted(set(spec.collective_needs) - set(getattr(collective, "fault_tolerance", ())))
+    if missing:
+        raise MisconfigurationError(
+            f"strategy {spec.name!r} needs a collective that can {' and '.join(spec.collective_needs)} "
+            f"(its replica groups come and go), and the collective {choice.name!r} ({choice.reason}) "
+            f"cannot {' or '.join(missing)} (its fault_tolerance: "
+            f"{', '.join(sorted(getattr(collective, 'fault_tolerance', ()))) or 'none'}); give a collective "
+            "that declares them, e.g. collective='torch' (phalanx list shows each collective's)"
+        )
+
+
 def build(registry: Catalog, plan: Plan) -> Strategy:
     """Import the chosen targets and construct the parts in order; each
     part validates itself in its constructor."""
@@ -223,10 +240,21 @@ def build(registry: Catalog, plan: Plan) -> Strategy:
         num_nodes=plan.num_nodes,
         **({"accelerator": accelerator} if takes_accelerator else {}),
     )
+    across = {}
+    if isinstance(spec, StrategySpec) and spec.collective_needs:
+        _check_built_capabilities(spec, coll, collective)
+        # A second collective of the same kind and options, never set up:
+        # the one the strategy reconfigures for each set of members.
+        across["across"] = (
+            copy.deepcopy(coll.instance)
+            if coll.instance is not None
+            else _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
+        )
     strategy: Strategy = _construct(
         targets[Kind.STRATEGY],
         plan.strategy,
         options[Kind.STRATEGY],
+        **across,
         accelerator=accelerator,
         environment=environment,
         collective=collective,

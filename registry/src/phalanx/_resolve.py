@@ -16,7 +16,7 @@ from phalanx_core import (
     UnavailableError,
     UnknownNameError,
 )
-from phalanx_core.specs import CollectiveSpec, Kind, LauncherSpec, StrategySpec
+from phalanx_core.specs import CollectiveSpec, Kind, LauncherSpec, Spec, StrategySpec
 
 from ._entry import Catalog, Entry
 from ._flags import (
@@ -453,6 +453,8 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
                 "script, and here there is none); pass an interactive launcher: "
                 f"{', '.join(f'launcher={n!r}' for n in ok) or '(none installed)'}"
             )
+    composition = _composition(registry, collective, flags["options"])
+    _check_capabilities(registry, strategy, collective, composition)
     return Plan(
         strategy,
         accelerator,
@@ -463,8 +465,72 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
         flags["devices"],
         flags["num_nodes"],
         dict(flags["options"]),
-        _composition(registry, collective, flags["options"]),
+        composition,
     )
+
+
+def capabilities_of(
+    registry: Catalog, spec: CollectiveSpec, parts: Sequence[Spec | None] | None = None
+) -> set[str]:
+    """The fault-tolerance capabilities of a collective by its spec: what
+    it declares, and for a composed one what every part has as well
+    (``parts``: the chosen parts' specs; ``None``: its default parts)."""
+    has = set(spec.fault_tolerance)
+    if parts is None:
+        parts = []
+        for name in spec.parts.values():
+            try:
+                parts.append(registry.get(Kind.COLLECTIVE, name).spec)
+            except PhalanxError:
+                parts.append(None)  # not installed: it has nothing
+    for part in parts:
+        has &= set(part.fault_tolerance) if isinstance(part, CollectiveSpec) else set()
+    return has
+
+
+def _check_capabilities(
+    registry: Catalog, strategy: Choice, collective: Choice, composition: Sequence[Choice]
+) -> None:
+    """Refuse a collective without the fault-tolerance capabilities the
+    strategy needs (``StrategySpec.collective_needs``), naming them and the
+    installed collectives that have them. A ready instance is checked when
+    the strategy is built."""
+    spec = strategy.spec
+    if not isinstance(spec, StrategySpec) or not spec.collective_needs:
+        return
+    if not isinstance(collective.spec, CollectiveSpec):
+        return
+    needs = set(spec.collective_needs)
+    has = capabilities_of(registry, collective.spec, [part.spec for part in composition])
+    if needs <= has:
+        return
+    able = [
+        entry.name
+        for entry in registry.entries(Kind.COLLECTIVE)
+        if isinstance(entry.spec, CollectiveSpec) and needs <= capabilities_of(registry, entry.spec)
+    ]
+    lacking = [
+        f"{who} declares {', '.join(sorted(declared)) or 'none'}"
+        for who, declared in (
+            (f"collective {collective.name!r} ({_source_of(collective)})", set(collective.spec.fault_tolerance)),
+            *(
+                (f"its part {part.name!r}", set(getattr(part.spec, "fault_tolerance", ())))
+                for part in composition
+            ),
+        )
+        if not needs <= declared
+    ]
+    raise MisconfigurationError(
+        f"strategy {spec.name!r} needs a collective with the capabilities {' and '.join(sorted(needs))} "
+        "(its replica groups come and go: each step's members form a group of their own), and "
+        f"{'; '.join(lacking)}. Collectives that have them: "
+        f"{', '.join(able) or 'none installed (pip install phalanx-torch)'}; e.g. collective="
+        f"{(able or ['torch'])[0]!r}"
+    )
+
+
+def _source_of(choice: Choice) -> str:
+    return str(choice.provider) if choice.provider else choice.reason
 
 
 def _composition(registry: Catalog, collective: Choice, options: Mapping[str, Any]) -> tuple[Choice, ...]:

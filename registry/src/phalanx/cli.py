@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from phalanx_core.errors import PhalanxError, WorkerFailedError
-from phalanx_core.specs import Kind
+from phalanx_core.specs import CollectiveSpec, Kind, StrategySpec
 
 from ._entry import Entry, backends, one_look
 from ._registry import Registry
@@ -36,6 +36,17 @@ def _availability(entry: Entry, probe: bool) -> tuple[bool, str]:
             return False, str(exc)
         return availability.available, availability.reason
     return True, ""
+
+
+def _capabilities(entry: Any) -> dict[str, list[str]]:
+    """A collective's fault-tolerance capabilities, a strategy's needs of
+    its collective (``phalanx list``); none for other parts."""
+    spec = entry.spec
+    if isinstance(spec, CollectiveSpec) and spec.fault_tolerance:
+        return {"fault_tolerance": list(spec.fault_tolerance)}
+    if isinstance(spec, StrategySpec) and spec.collective_needs:
+        return {"collective_needs": list(spec.collective_needs)}
+    return {}
 
 
 def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
@@ -102,6 +113,7 @@ def _list_looked(args: argparse.Namespace, out: TextIO) -> int:
                     "reason": why,
                     "aliases": list(e.spec.aliases),
                     "priority": e.spec.priority,
+                    **_capabilities(e),
                 }
                 for e, ok, why in parts
             ],
@@ -114,7 +126,10 @@ def _list_looked(args: argparse.Namespace, out: TextIO) -> int:
     rows: list[tuple[str, ...]] = [("KIND", "NAME", "FROM", "AVAILABLE", "SUMMARY")]
     for e, ok, why in parts:
         source = f"{e.provider.distribution} {e.provider.version}" if e.provider.distribution else "run time"
-        rows.append((str(e.kind), e.name, source, _available_cell(e, ok, why, args.probe), e.spec.summary))
+        summary = e.spec.summary + "".join(
+            f" [{key.replace('_', ' ')}: {', '.join(names)}]" for key, names in _capabilities(e).items()
+        )
+        rows.append((str(e.kind), e.name, source, _available_cell(e, ok, why, args.probe), summary))
     _table(rows, out)
     found = backends([e for e, _, _ in parts])
     if found:

@@ -23,7 +23,7 @@ from typing import Any
 from ..collective import REDUCE_OPS, Collective, Work
 from ..errors import MisconfigurationError, NotInGroupError, UnavailableError
 
-__all__ = ["CHECKS", "check_collective"]
+__all__ = ["AFTER_RECONFIGURE", "CHECKS", "check_collective", "check_reconfigure"]
 
 
 def _eq(operation: str, got: Any, expected: Any) -> None:
@@ -461,4 +461,55 @@ def _check_all(collective: Collective, only: tuple[str, ...]) -> list[str]:
             continue
         check(collective)
         ran.append(name)
+    return ran
+
+
+# -- when peers come and go ------------------------------------------------------
+
+#: The checks that run after each reconfiguration: the whole contract but
+#: subgroups (a reconfigured group makes none: see the contract).
+AFTER_RECONFIGURE: tuple[str, ...] = tuple(name for name in CHECKS if name != "groups")
+
+
+def check_reconfigure(
+    collective: Collective, *, host: str, port: int, rank: int, world_size: int, prefix: str
+) -> list[str]:
+    """The ``reconfigure`` capability, in every rank of a job of
+    ``world_size`` (3 or more) ranks, on a collective that was never set
+    up (the same kind on every rank), meeting at the TCPStore at
+    ``host:port``: two configurations in a row before any operation; the
+    contract over every rank; over all but the last rank (which sits that
+    one out); over every rank again; and again over the same members.
+    After each, every check of the contract but subgroups (with the
+    configuration's ranks). Returns what ran, one label a configuration."""
+    from ..collective import Membership
+
+    last = world_size - 1
+    plan: list[tuple[str, list[int]]] = [
+        ("every rank, first", list(range(world_size))),
+        ("every rank, at once again", list(range(world_size))),
+        ("all but the last", list(range(last))),
+        ("every rank, back", list(range(world_size))),
+        ("the same members again", list(range(world_size))),
+    ]
+    ran: list[str] = []
+    for index, (label, members) in enumerate(plan):
+        if rank not in members:
+            ran.append(f"{label}: sat out")
+            continue
+        membership = Membership(
+            rank=members.index(rank),
+            world_size=len(members),
+            host=host,
+            port=port,
+            prefix=f"{prefix}/{index}",
+            label=label,
+        )
+        collective.reconfigure(membership)
+        _eq(f"rank after reconfiguring ({label})", collective.rank, membership.rank)
+        _eq(f"world_size after reconfiguring ({label})", collective.world_size, len(members))
+        if index == 0:
+            continue  # the next one comes before any operation
+        checks = _check_all(collective, AFTER_RECONFIGURE)
+        ran.append(f"{label}: {len(checks)} checks")
     return ran

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from phalanx_core import (
     DEFAULT_TIMEOUT,
     Collective,
+    Membership,
     MisconfigurationError,
     NonMember,
     Work,
@@ -105,6 +106,7 @@ class CompressedCollective(Collective):
         self.unsupported = self.inner.unsupported  # type: ignore[misc]
         self.reduce_ops = self.inner.reduce_ops  # type: ignore[misc]
         self.subgroups = self.inner.subgroups  # type: ignore[misc]
+        self.fault_tolerance = self.inner.fault_tolerance  # type: ignore[misc]
         self._residuals: dict[tuple[int, int, str], torch.Tensor] = {}
         self._buffers_: Any = None
 
@@ -121,6 +123,18 @@ class CompressedCollective(Collective):
         self.inner.arrival_report = self.arrival_report
         self.inner.setup(environment, accelerator)
         self.plan_checked = self.inner.plan_checked
+
+    def reconfigure(self, membership: Membership) -> None:
+        """The inner collective's (its residuals are this rank's own, and
+        stay with it: what rounding lost is added to the next all_reduce
+        whatever its members)."""
+        self.inner.reconfigure(membership)
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def shrink(self, ranks: Sequence[int]) -> None:
+        self.inner.shrink(ranks)
 
     def teardown(self) -> None:
         self._residuals.clear()

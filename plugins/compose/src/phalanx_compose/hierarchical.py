@@ -21,6 +21,12 @@ process group hands DDP and FSDP the operation's own c10d future.
 The layout comes from the environment (each rank's node and local rank),
 gathered once at setup. On one node, or where the nodes hold different
 numbers of ranks, every operation is the intra collective's.
+
+When peers come and go: what the intra collective can (its
+``fault_tolerance``). A group formed by ``reconfigure()`` is the intra
+collective's over the members it names, and every operation is the intra
+collective's there: the two levels are laid out at setup only, from the
+environment, which a configuration's members do not carry.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from phalanx_core import (
     DEFAULT_TIMEOUT,
     Collective,
+    Membership,
     MisconfigurationError,
     Work,
     check_into,
@@ -99,6 +106,7 @@ class HierarchicalCollective(Collective):
         self.unsupported = self.intra.unsupported | (  # type: ignore[misc]
             self.inter.unsupported & {"all_reduce", "broadcast", "all_gather"}
         )
+        self.fault_tolerance = self.intra.fault_tolerance  # type: ignore[misc]
         self._local: Collective | None = None  # this node's ranks, over intra (first level)
         self._local_last: Collective | None = None  # the same ranks, another group (last level)
         self._cross: Collective | None = None  # the ranks of this local rank, over inter
@@ -178,11 +186,24 @@ class HierarchicalCollective(Collective):
             None if gathered == list(range(self.world_size)) else torch.tensor(gathered, dtype=torch.long)
         )
 
-    def teardown(self) -> None:
+    def _flatten(self) -> None:
+        """Back to no layout: every operation the intra collective's."""
         self._local = self._cross = self._local_last = None
         self._pipeline = None
         self._scatter_rows = self._gather_rows = None
         self._layout, self._cross_ranks = [], []
+
+    def reconfigure(self, membership: Membership) -> None:
+        """The intra collective over the members, every operation its own
+        (see the module's docstring)."""
+        self._flatten()
+        self.intra.reconfigure(membership)
+
+    def abort(self) -> None:
+        self.intra.abort()
+
+    def teardown(self) -> None:
+        self._flatten()
         self.inter.teardown()
         self.intra.teardown()
 

@@ -16,6 +16,7 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             "reductions and gathers; error_feedback=True keeps what rounding lost for the next all-reduce",
             needs=("torch>=2.9",),
             install="pip install 'torch>=2.9'",
+            fault_tolerance=("liveness", "reconfigure"),
         ),
         CollectiveSpec(
             name="hierarchical",
@@ -25,5 +26,6 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             "all_reduce as reduce-scatter, cross-node all-reduce, all-gather",
             needs=("torch>=2.9",),
             install="pip install 'torch>=2.9'",
+            fault_tolerance=("liveness", "reconfigure"),
         ),
     ]

@@ -130,6 +130,7 @@ def phalanx_collectives() -> list[CollectiveSpec]:
             needs=_NEEDS,
             install=_INSTALL,
             variants={backend: {"backend": backend} for backend in ("gloo", "nccl", "xccl", "ucc")},
+            fault_tolerance=("liveness", "reconfigure"),
         ),
         CollectiveSpec(
             name="single_device",

@@ -57,8 +57,13 @@ def phalanx_strategies() -> list[StrategySpec]:
             install=INSTALL,
             traffic={
                 "torch": "gradients: DDP's buckets within the replica group through the torch "
-                "collective's c10d group, then across groups through TorchFT's managed gloo group",
+                "collective's c10d group, then across the step's groups through a 'torch' collective "
+                "of their own (gloo), formed again at each TorchFT quorum (reconfigure)",
+                "*": "gradients: DDP's buckets within the replica group through the {collective!r} "
+                "collective (as a torch ProcessGroup), then across the step's groups through a "
+                "{collective!r} collective of their own, formed again at each TorchFT quorum (reconfigure)",
             },
+            collective_needs=("liveness", "reconfigure"),
         ),
         StrategySpec(
             name="hsdp_ft",
@@ -74,7 +79,13 @@ def phalanx_strategies() -> list[StrategySpec]:
             traffic={
                 "torch": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
                 "replica group through the torch collective's c10d group; each gradient shard then "
-                "averaged across groups through TorchFT's managed gloo group",
+                "averaged across the step's groups through a 'torch' collective of their own (gloo), "
+                "formed again at each TorchFT quorum (reconfigure)",
+                "*": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
+                "replica group through the {collective!r} collective (as a torch ProcessGroup); each "
+                "gradient shard then averaged across the step's groups through a {collective!r} "
+                "collective of their own, formed again at each TorchFT quorum (reconfigure)",
             },
+            collective_needs=("liveness", "reconfigure"),
         ),
     ]

@@ -4,6 +4,7 @@ of this plugin shares (:class:`FaultTolerant`)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -13,10 +14,11 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from phalanx_core import CheckpointDirectory, MisconfigurationError, SaveHandle
+from phalanx_core import CheckpointDirectory, Collective, MisconfigurationError, SaveHandle
 from phalanx_core.launching import before_threads_join
 from phalanx_torch.strategies import DDPStrategy
 
+from ._across import across_groups
 from ._loader import QuorumLoader
 from ._variables import FINISHED_FILE_VAR, LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
 from .errors import JobFinishedError, NoQuorumError
@@ -36,8 +38,12 @@ class FaultTolerant:
     (launcher ``replica_groups``) starts N of them and TorchFT's
     lighthouse, and restarts a group that fails. Within a group the ranks
     are an ordinary job of the strategy it is mixed into (DDP, FSDP) over
-    the torch collective; across groups each step's gradients are averaged
-    over the groups in that step's quorum, through TorchFT's ``Manager``.
+    the strategy's collective; across groups each step's gradients are
+    averaged over the groups in that step's quorum, through TorchFT's
+    ``Manager``, by a second collective of the same kind and options
+    (``across``, made by the registry) that forms a group of the quorum's
+    members at each new quorum (its ``reconfigure``): the collective a user
+    names carries the traffic between the groups too.
 
     The training loop is every strategy's: ``setup``, ``backward``,
     ``optimizer_step``. Each step is agreed on: the optimizer steps only
@@ -50,6 +56,10 @@ class FaultTolerant:
     Options (keywords of :func:`phalanx.resolve`, ``-o NAME=VALUE``), with
     the inner strategy's own:
 
+    - ``across``: the collective between the groups (given by the
+      registry: another of the one named with ``collective=``; by hand,
+      a collective never set up that declares ``liveness`` and
+      ``reconfigure``).
     - ``replica_timeout``: seconds a collective across groups or a healing
       transfer may take (default 10; a step's commit waits twice as long
       for the ranks of its group); also how long a survivor can stall on a
@@ -77,9 +87,24 @@ class FaultTolerant:
         *,
         replica_timeout: float = 10.0,
         quorum_timeout: float = 10.0,
+        across: Collective | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        if across is None:  # built by hand: another of the strategy's collective
+            across = copy.deepcopy(self.collective)
+        missing = sorted({"liveness", "reconfigure"} - set(across.fault_tolerance))
+        if missing or across.is_initialized:
+            raise MisconfigurationError(
+                f"strategy {self.name!r}: across={across!r} carries the traffic between replica groups, "
+                "formed again at each quorum: give a collective that was never set up and declares "
+                f"liveness and reconfigure (it lacks {', '.join(missing) or 'nothing, but is set up'}), "
+                "e.g. TorchCollective()"
+            )
+        #: The collective that carries the traffic between the replica
+        #: groups: the same kind as :attr:`collective`, reconfigured at
+        #: each quorum (see :mod:`._across`).
+        self.across = across
         for name, value in (("replica_timeout", replica_timeout), ("quorum_timeout", quorum_timeout)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise MisconfigurationError(
@@ -220,7 +245,7 @@ class FaultTolerant:
         seconds = timedelta(seconds=self.replica_timeout)
         environment = self.environment
         _quieten_torchft()
-        across = _gloo_telling_members(self, seconds)
+        across = across_groups(self, self.across, seconds)
         options = dict(
             pg=across,
             # A healing group receives its peers' state over the groups'
@@ -325,7 +350,15 @@ class FaultTolerant:
                 if t.dtype != torch.bool
             ]
             leads = manager.participating_rank() == 0
-            sent = [t.detach().clone() if leads else torch.zeros_like(t) for t in tensors]
+            # As bytes: the sum of the leader's bytes and zeros is the
+            # leader's state exactly, whatever the collective across the
+            # groups does to floating-point values (compressed rounds them).
+            sent = [
+                t.detach().reshape(-1).clone().view(torch.uint8)
+                if leads
+                else torch.zeros(t.numel() * t.element_size(), dtype=torch.uint8)
+                for t in tensors
+            ]
             for tensor in sent:
                 manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
             committed = manager.should_commit(timeout=self._commit_wait)
@@ -333,7 +366,7 @@ class FaultTolerant:
             if committed:
                 with torch.no_grad():
                     for tensor, alike in zip(tensors, sent, strict=True):
-                        tensor.copy_(alike)
+                        tensor.copy_(alike.view(tensor.dtype).view(tensor.shape))
                 return
             if manager.current_step() > 0:
                 return  # a peer committed it: this group copies its state at the next step
@@ -699,23 +732,6 @@ class _StepOptimizer:
 #: ``_trained_members``' mark of a quorum: its id + 1 times this, plus its
 #: members (fewer than this).
 _MEMBERS_MARK = 4096
-
-
-def _gloo_telling_members(strategy: FaultTolerant, timeout: timedelta) -> Any:
-    """TorchFT's gloo group across the replica groups, which tells the
-    strategy each quorum's members as TorchFT configures it for one
-    (``ProcessGroup.configure``: the quorum's id, its replicas and this
-    one's rank among them, TorchFT's order)."""
-    from torchft import ProcessGroupGloo
-
-    class MembersTold(ProcessGroupGloo):  # type: ignore[misc]
-        def configure(  # type: ignore[no-untyped-def]
-            self, store_addr, replica_id, rank, world_size, quorum_id=None, *args, **kwargs
-        ) -> None:
-            super().configure(store_addr, replica_id, rank, world_size, quorum_id, *args, **kwargs)
-            strategy._configured = (int(quorum_id or 0), int(world_size), int(rank))
-
-    return MembersTold(timeout=timeout)
 
 
 def _address_toward(url: str) -> str:

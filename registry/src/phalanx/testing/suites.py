@@ -60,7 +60,7 @@ from phalanx_core.errors import (
     UnavailableError,
     WorkerFailedError,
 )
-from phalanx_core.testing.contract import CHECKS, check_collective
+from phalanx_core.testing.contract import AFTER_RECONFIGURE, CHECKS, check_collective
 from phalanx_core.testing.processes import TAG_VAR, new_tag, reap
 
 __all__ = ["AcceleratorSuite", "CollectiveSuite", "EnvironmentSuite", "LauncherSuite", "TrafficSuite"]
@@ -156,6 +156,101 @@ def listeners_of_job(strategy: Any, launching: int) -> list[tuple[int, str, int]
     return found
 
 
+def _store_for_the_ranks(strategy: Any) -> tuple[Any, str, int]:
+    """A TCPStore served by rank 0 on a free port of 127.0.0.1, where the
+    ranks' configurations meet; every rank gets its address."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = None
+    if strategy.global_rank == 0:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        )
+    port = strategy.broadcast_object(store.port if store is not None else None, src=0)
+    return store, "127.0.0.1", int(port)
+
+
+def run_reconfigure(strategy: Any, fresh: Any) -> list[str]:
+    """In every rank: the ``reconfigure`` scenario
+    (:func:`~phalanx_core.testing.contract.check_reconfigure`) on ``fresh``,
+    a never set-up collective of the suite's kind."""
+    from phalanx_core.testing.contract import check_reconfigure
+
+    store, host, port = _store_for_the_ranks(strategy)
+    try:
+        return check_reconfigure(
+            fresh,
+            host=host,
+            port=port,
+            rank=strategy.global_rank,
+            world_size=strategy.world_size,
+            prefix="phalanx/suite",
+        )
+    finally:
+        fresh.teardown()
+        strategy.barrier()  # rank 0's store serves until every rank is done
+        del store
+
+
+def _member_that_dies(fresh: Any, host: str, port: int, rank: int, size: int) -> None:
+    """A member of the first configuration that is killed by SIGKILL
+    while the others are in an operation with it."""
+    from phalanx_core import Membership
+
+    fresh.reconfigure(Membership(rank=rank, world_size=size, host=host, port=port, prefix="phalanx/live/0"))
+    time.sleep(1.0)  # the others are in their all_reduce by now
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_peer_lost(strategy: Any, fresh: Any) -> tuple[str, str, float, float]:
+    """In every rank of two: a group of three with a third member that
+    rank 0 starts and that is killed in an all_reduce; the error each rank
+    gets (its type and operation) and the seconds it took; then, after
+    ``abort()``, the two survivors reconfigured alone, and their sum."""
+    import multiprocessing
+
+    import torch
+
+    from phalanx_core import Membership
+
+    store, host, port = _store_for_the_ranks(strategy)
+    size = strategy.world_size + 1
+    child = None
+    if strategy.global_rank == 0:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_member_that_dies, args=(fresh, host, port, size - 1, size), daemon=True
+        )
+        child.start()
+    try:
+        fresh.reconfigure(
+            Membership(
+                rank=strategy.global_rank, world_size=size, host=host, port=port, prefix="phalanx/live/0"
+            )
+        )
+        start = time.monotonic()
+        error = ("completed", "", 0.0)
+        try:
+            fresh.all_reduce(torch.ones(1 << 16))
+        except Exception as exc:  # noqa: BLE001 - what it is, is the result
+            error = (type(exc).__name__, str(getattr(exc, "operation", "")), time.monotonic() - start)
+        fresh.abort()
+        fresh.reconfigure(
+            Membership(
+                rank=strategy.global_rank, world_size=size - 1, host=host, port=port, prefix="phalanx/live/1"
+            )
+        )
+        total = fresh.all_reduce(torch.ones(1))
+        return (*error, float(total.item()))
+    finally:
+        if child is not None:
+            child.join(timeout=30)
+        fresh.teardown()
+        strategy.barrier()
+        del store
+
+
 def kill_on_rank(strategy: Any, rank: int) -> None:
     """``rank`` is killed by SIGKILL; the others wait at a barrier for it."""
     if strategy.global_rank == rank:
@@ -230,6 +325,72 @@ class CollectiveSuite:
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
             results = self.resolve(2, timeout=self.timeout).launch(run_timeout, self.timeout * 3)
         assert results[0] == "timeout:all_reduce", results
+
+    # -- when peers come and go (the fault-tolerance capabilities) ---------------
+
+    def fresh(self, **options: Any) -> Any:
+        """A collective of the suite's kind and options that was never set
+        up (what a strategy reconfigures: ``ddp_ft``'s across its groups)."""
+        return self.resolve(1, **options).collective
+
+    def test_reconfigure_as_declared(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Declared: three ranks reconfigure it twice in a row, then to
+        every rank, all but one, every rank and the same ranks again, with
+        the contract checked after each. Not declared: ``reconfigure()``
+        refuses, naming the capability."""
+        fresh = self.fresh()
+        if "reconfigure" not in fresh.fault_tolerance:
+            _refuses_capability(fresh, "reconfigure")
+            return
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = self.resolve(3).launch(run_reconfigure, fresh)
+        checks = len(AFTER_RECONFIGURE)
+        every = [
+            f"every rank, at once again: {checks} checks",
+            f"all but the last: {checks} checks",
+            f"every rank, back: {checks} checks",
+            f"the same members again: {checks} checks",
+        ]
+        assert results[:2] == [every, every], results
+        assert results[2] == [every[0], "all but the last: sat out", *every[2:]], results
+
+    def test_a_peer_killed_in_an_operation_is_named_within_the_timeout(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Declared ``liveness`` (and ``reconfigure``, to form the group
+        with a member that dies): a third member killed by SIGKILL in an
+        all_reduce; the two others raise CollectiveConnectionError or
+        CollectiveTimeoutError naming the operation, within the
+        collective's timeout, then ``abort()`` and go on as a group of two.
+        Not declared: ``abort()`` refuses, naming the capability."""
+        fresh = self.fresh(timeout=self.timeout or 10.0)
+        if not {"liveness", "reconfigure"} <= fresh.fault_tolerance:
+            if "liveness" not in fresh.fault_tolerance:
+                _refuses_capability(fresh, "liveness")
+            return
+        with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
+            results = self.resolve(2).launch(run_peer_lost, fresh)
+        for kind, operation, seconds, total in results:
+            assert kind in ("CollectiveConnectionError", "CollectiveTimeoutError"), results
+            assert operation == "all_reduce", results
+            assert seconds <= fresh.timeout + 5, results
+            assert total == 2.0, results
+
+
+def _refuses_capability(fresh: Any, capability: str) -> None:
+    """A collective that does not declare ``capability`` refuses its
+    method with UnavailableError naming it."""
+    from phalanx_core import Membership
+
+    call = {
+        "reconfigure": lambda: fresh.reconfigure(
+            Membership(rank=0, world_size=1, host="127.0.0.1", port=1, prefix="phalanx/refused")
+        ),
+        "liveness": fresh.abort,
+    }[capability]
+    with pytest.raises(UnavailableError) as refused:
+        call()
+    assert repr(capability) in str(refused.value), str(refused.value)
 
 
 # -- training traffic --------------------------------------------------------------

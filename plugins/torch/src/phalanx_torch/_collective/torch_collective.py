@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -19,8 +20,10 @@ from phalanx_core import (
     ClusterEnvironment,
     Collective,
     CollectiveConnectionError,
+    Membership,
     MisconfigurationError,
     NonMember,
+    UnavailableError,
     Work,
     check_into,
     check_one_per_rank,
@@ -36,6 +39,7 @@ from .._torch_versions import gloo_connection_lines_hidden
 from .c10d_backends import bound_device, check_backend, check_backend_moves
 from .c10d_errors import left_barrier, translate
 from .c10d_store import StoreBoard, compare_plans, open_board, tcp_address
+from .configured import ABORTED, BackendCalls, form
 from .torch_work import TorchWork
 
 #: Set-ups of a default group in this process; every rank counts the same.
@@ -66,9 +70,20 @@ class TorchCollective(Collective):
     ``"mean"`` is ``AVG`` for floating-point tensors and a sum followed by a
     floor division for integers. ``barrier`` on gloo is
     ``monitored_barrier``, so a timeout names the ranks that did not arrive.
+
+    When peers come and go (``fault_tolerance``): an operation whose peer
+    died raises CollectiveConnectionError, one whose peer stalls
+    CollectiveTimeoutError after ``timeout`` (gloo's and nccl's own
+    timeouts); ``abort()`` aborts the backend's pending work.
+    ``reconfigure(membership)`` forms a group of the members it names, on a
+    collective that did not make the job's default group: a c10d backend of
+    its own (gloo or nccl), made from the members' store under the
+    configuration's prefix, through torch's public backend classes (see
+    :mod:`.configured`), and the previous configuration's aborted.
     """
 
     name: ClassVar[str] = "torch"
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset({"liveness", "reconfigure"})
 
     def __init__(
         self, *, timeout: float = 1800.0, backend: str | None = None, interface: str | None = None
@@ -95,6 +110,10 @@ class TorchCollective(Collective):
         self._all_to_all_in_one = False
         self._prefix = "phalanx/user-group"
         self._store_address: tuple[str, int] | None = None
+        #: What the operations call: torch.distributed's functions, or a
+        #: configuration's backend (:meth:`reconfigure`).
+        self._calls: Any = _C10D
+        self._membership: Membership | None = None
 
     # -- life cycle -------------------------------------------------------
 
@@ -218,16 +237,62 @@ class TorchCollective(Collective):
     def _where(self, environment: ClusterEnvironment | None = None) -> str:
         """This rank in words: ``gloo, rank 1 of 2`` (before its group is
         made, the environment's rank and its host's name)."""
+        if self._membership is not None:
+            return f"{self._backend}, {self._membership.describe()}"
         if self._initialized or environment is None:
             return f"{self._backend}, rank {self._rank} of {self._world_size}"
         rank = f"rank {environment.global_rank} of {environment.world_size}"
         return f"{self._backend_flag or 'gloo'}, {rank} on {socket.gethostname()}"
 
     def teardown(self) -> None:
+        if self._membership is not None:
+            self.abort()
+            self._membership = None
         if self._owns and dist.is_initialized():
             dist.destroy_process_group()
         self._owns = False
         self._initialized = False
+
+    # -- peers that come and go ---------------------------------------------------
+
+    def reconfigure(self, membership: Membership) -> None:
+        if self._owns or (self._initialized and self._membership is None):
+            raise MisconfigurationError(
+                "reconfigure() on a 'torch' collective that set up the job's default group: its members "
+                "are the job's. Reconfigure a collective of its own for the changing members (one that "
+                "was never set up: TorchCollective(...))"
+            )
+        if not isinstance(membership, Membership):
+            raise MisconfigurationError(
+                f"reconfigure({membership!r}): give a phalanx_core.Membership (the members' store, this "
+                "configuration's prefix there, this rank and their number)"
+            )
+        self.abort()
+        if membership.timeout is not None:
+            self.timeout = float(membership.timeout)
+        backend = check_backend(self._backend_flag or "gloo")
+        self._backend = backend
+        self._rank, self._world_size = membership.rank, membership.world_size
+        self._membership = membership
+        try:
+            with gloo_connection_lines_hidden():
+                made = form(backend, membership, self.timeout)
+        except RuntimeError as exc:
+            raise self._translate(exc, "reconfigure") from exc
+        self._calls = BackendCalls(made, membership.rank, membership.world_size)
+        self._group = None
+        self._global_ranks = tuple(range(membership.world_size))
+        self._initialized = True
+
+    def abort(self) -> None:
+        calls, self._calls = self._calls, ABORTED
+        if isinstance(calls, BackendCalls):
+            calls.backend.abort()
+        elif calls is _C10D and self._owns and dist.is_initialized():
+            dist.group.WORLD.abort()  # type: ignore[union-attr]
+            dist.destroy_process_group()
+            self._owns = False
+            self._initialized = False
 
     @property
     def is_initialized(self) -> bool:
@@ -304,11 +369,11 @@ class TorchCollective(Collective):
     def barrier(self, *, async_op: bool = False) -> Work | None:
         try:
             if async_op:
-                return TorchWork(dist.barrier(group=self._group, async_op=True), None, self, "barrier")
+                return TorchWork(self._calls.barrier(group=self._group, async_op=True), None, self, "barrier")
             if self._backend == "gloo" and self._world_size > 1:
                 start = time.monotonic()
                 try:
-                    dist.monitored_barrier(
+                    self._calls.monitored_barrier(
                         group=self._group,
                         timeout=datetime.timedelta(seconds=self.timeout),
                         wait_all_ranks=True,
@@ -316,7 +381,7 @@ class TorchCollective(Collective):
                 except RuntimeError as exc:
                     raise self._left(exc, time.monotonic() - start) from exc
             else:
-                dist.barrier(group=self._group)
+                self._calls.barrier(group=self._group)
         except RuntimeError as exc:
             raise self._translate(exc, "barrier") from exc
         return None
@@ -330,7 +395,7 @@ class TorchCollective(Collective):
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False) -> Any:
         peer = self._peer(src, "broadcast", "src")
         try:
-            work = dist.broadcast(tensor, peer, group=self._group, async_op=async_op)
+            work = self._calls.broadcast(tensor, peer, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "broadcast") from exc
         return self._done(work, tensor, async_op, "broadcast")
@@ -338,7 +403,7 @@ class TorchCollective(Collective):
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False) -> Any:
         reduce_op, target, finish = self._reduce(tensor, op)
         try:
-            work = dist.all_reduce(target, reduce_op, group=self._group, async_op=async_op)
+            work = self._calls.all_reduce(target, reduce_op, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "all_reduce") from exc
         return self._done(work, tensor, async_op, "all_reduce", finish)
@@ -347,7 +412,7 @@ class TorchCollective(Collective):
         peer = self._peer(dst, "reduce", "dst")
         reduce_op, target, finish = self._reduce(tensor, op)
         try:
-            work = dist.reduce(target, peer, reduce_op, group=self._group, async_op=async_op)
+            work = self._calls.reduce(target, peer, reduce_op, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "reduce") from exc
         return self._done(work, tensor, async_op, "reduce", finish if self._rank == dst else None)
@@ -358,7 +423,7 @@ class TorchCollective(Collective):
         tensor = tensor.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self._world_size)]
         try:
-            work = dist.all_gather(out, tensor, group=self._group, async_op=async_op)
+            work = self._calls.all_gather(out, tensor, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "all_gather") from exc
         return self._done(work, out, async_op, "all_gather")
@@ -368,7 +433,7 @@ class TorchCollective(Collective):
         try:
             # c10d splits the output along dimension 0 into the input's shape
             stacked = output.view(_stacked(tensor.shape, self._world_size))
-            work = _all_gather_into(stacked, tensor, group=self._group, async_op=async_op)
+            work = self._calls.all_gather_into(stacked, tensor, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "all_gather_into") from exc
         return self._done(work, output, async_op, "all_gather_into")
@@ -378,7 +443,7 @@ class TorchCollective(Collective):
         tensor = tensor.contiguous()  # as all_gather
         out = [torch.empty_like(tensor) for _ in range(self._world_size)] if self._rank == dst else None
         try:
-            work = dist.gather(tensor, out, dst=peer, group=self._group, async_op=async_op)
+            work = self._calls.gather(tensor, out, dst=peer, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "gather") from exc
         return self._done(work, out if out is not None else [], async_op, "gather")
@@ -396,7 +461,7 @@ class TorchCollective(Collective):
             check_scatter_list(scatter_list, tensor, self._world_size, src=src) if self._rank == src else None
         )
         try:
-            work = dist.scatter(tensor, chunks, src=peer, group=self._group, async_op=async_op)
+            work = self._calls.scatter(tensor, chunks, src=peer, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, "scatter") from exc
         return self._done(work, tensor, async_op, "scatter")
@@ -432,7 +497,7 @@ class TorchCollective(Collective):
             size = self._world_size
             finish = lambda: out.div_(size, rounding_mode="floor")  # noqa: E731
         try:
-            work = _reduce_scatter(target, source, reduce_op, group=self._group, async_op=async_op)
+            work = self._calls.reduce_scatter(target, source, reduce_op, group=self._group, async_op=async_op)
         except RuntimeError as exc:
             raise self._translate(exc, operation) from exc
         return self._done(work, out, async_op, operation, finish)
@@ -443,7 +508,7 @@ class TorchCollective(Collective):
             return self._all_to_all_in_one_buffer(tensors, async_op)
         out = [torch.empty_like(t) for t in tensors]
         try:
-            work = dist.all_to_all(out, list(tensors), group=self._group, async_op=async_op)
+            work = self._calls.all_to_all(out, list(tensors), group=self._group, async_op=async_op)
         except RuntimeError as exc:
             if "does not support alltoall" not in str(exc):
                 raise self._translate(exc, "all_to_all") from exc
@@ -467,7 +532,9 @@ class TorchCollective(Collective):
         flat = torch.cat([(t.view(torch.uint8) if as_bytes else t).reshape(-1) for t in tensors])
         received = torch.empty_like(flat)
         try:
-            work = dist.all_to_all_single(received, flat, sizes, sizes, group=self._group, async_op=async_op)
+            work = self._calls.all_to_all_single(
+                received, flat, sizes, sizes, group=self._group, async_op=async_op
+            )
         except RuntimeError as exc:
             raise self._translate(exc, "all_to_all") from exc
         out: list[torch.Tensor] = []
@@ -483,7 +550,7 @@ class TorchCollective(Collective):
         if dst == self._rank:
             raise MisconfigurationError(f"send(dst={dst}): a rank cannot send to itself")
         try:
-            dist.send(tensor, peer, group=self._group, tag=tag)
+            self._calls.send(tensor, peer, group=self._group, tag=tag)
         except RuntimeError as exc:
             raise self._translate(exc, "send") from exc
 
@@ -492,7 +559,7 @@ class TorchCollective(Collective):
         if src == self._rank:
             raise MisconfigurationError(f"recv(src={src}): a rank cannot receive from itself")
         try:
-            dist.recv(tensor, peer, group=self._group, tag=tag)
+            self._calls.recv(tensor, peer, group=self._group, tag=tag)
         except RuntimeError as exc:
             raise self._translate(exc, "recv") from exc
         return tensor
@@ -503,7 +570,7 @@ class TorchCollective(Collective):
         peer = self._peer(src, "broadcast_object", "src")
         box = [obj]
         try:
-            dist.broadcast_object_list(box, src=peer, group=self._group)
+            self._calls.broadcast_object_list(box, src=peer, group=self._group)
         except RuntimeError as exc:
             raise self._translate(exc, "broadcast_object") from exc
         return box[0]
@@ -511,7 +578,7 @@ class TorchCollective(Collective):
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self._world_size
         try:
-            dist.all_gather_object(out, obj, group=self._group)
+            self._calls.all_gather_object(out, obj, group=self._group)
         except RuntimeError as exc:
             raise self._translate(exc, "all_gather_object") from exc
         return out
@@ -520,7 +587,7 @@ class TorchCollective(Collective):
         peer = self._peer(dst, "gather_object", "dst")
         out: list[Any] | None = [None] * self._world_size if self._rank == dst else None
         try:
-            dist.gather_object(obj, out, dst=peer, group=self._group)
+            self._calls.gather_object(obj, out, dst=peer, group=self._group)
         except RuntimeError as exc:
             raise self._translate(exc, "gather_object") from exc
         return out if out is not None else []
@@ -534,7 +601,7 @@ class TorchCollective(Collective):
             )
         out: list[Any] = [None]
         try:
-            dist.scatter_object_list(
+            self._calls.scatter_object_list(
                 out, list(objs) if self._rank == src and objs else None, src=peer, group=self._group
             )
         except RuntimeError as exc:
@@ -550,6 +617,11 @@ class TorchCollective(Collective):
                 f"new_group({members!r}): give a non-empty list of distinct ranks of this group"
             )
         world = sorted(self._peer(r, "new_group", "ranks") for r in members)
+        if self._membership is not None:
+            raise UnavailableError(
+                f"new_group({members!r}) on a reconfigured 'torch' collective ({self._where()}): a group "
+                "formed by reconfigure() makes no subgroups; reconfigure() one with those members instead"
+            )
         try:
             with gloo_connection_lines_hidden():
                 group = dist.new_group(world, timeout=datetime.timedelta(seconds=self.timeout))
@@ -577,6 +649,29 @@ def _stacked(shape: Sequence[int], world_size: int) -> tuple[int, ...]:
 # torch 2.13 names them *_single (the old names warn); earlier torch, the old.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+#: What the operations call over the job's groups: torch.distributed's
+#: functions (a configuration's are :class:`BackendCalls`).
+_C10D = SimpleNamespace(
+    barrier=dist.barrier,
+    monitored_barrier=dist.monitored_barrier,
+    broadcast=dist.broadcast,
+    all_reduce=dist.all_reduce,
+    reduce=dist.reduce,
+    all_gather=dist.all_gather,
+    all_gather_into=_all_gather_into,
+    gather=dist.gather,
+    scatter=dist.scatter,
+    reduce_scatter=_reduce_scatter,
+    all_to_all=dist.all_to_all,
+    all_to_all_single=dist.all_to_all_single,
+    send=dist.send,
+    recv=dist.recv,
+    broadcast_object_list=dist.broadcast_object_list,
+    all_gather_object=dist.all_gather_object,
+    gather_object=dist.gather_object,
+    scatter_object_list=dist.scatter_object_list,
+)
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
