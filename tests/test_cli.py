@@ -227,6 +227,27 @@ def test_explain_says_which_interface_the_ranks_use_and_refuses_none(monkeypatch
             ["--strategy", "manual", "--collective", "thirdparty"],
             "your DDP / FSDP / DTensor on strategy.process_group go through the 'thirdparty' collective's",
         ),
+        (
+            ["--strategy", "ddp", "--collective", "compressed"],
+            "DDP's gradient buckets and broadcasts go through the 'compressed' collective's operations, "
+            "as a torch ProcessGroup",
+        ),
+        (
+            ["--strategy", "ddp", "--collective", "hierarchical"],
+            "DDP's gradient buckets and broadcasts go through the 'hierarchical' collective's operations",
+        ),
+        (
+            ["--strategy", "fsdp"],
+            "fully_shard's all-gathers and reduce-scatters go through the torch collective's own c10d group",
+        ),
+        (
+            ["--strategy", "fsdp", "--collective", "compressed"],
+            "fully_shard's all-gathers and reduce-scatters go through the 'compressed' collective's",
+        ),
+        (
+            ["--strategy", "fsdp", "--collective", "hierarchical"],
+            "fully_shard's all-gathers and reduce-scatters go through the 'hierarchical' collective's",
+        ),
         (["--strategy", "single_device", "--devices", "1"], None),
     ],
 )

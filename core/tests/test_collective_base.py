@@ -3,10 +3,12 @@ from __future__ import annotations
 import pytest
 
 from phalanx_core import (
+    FAULT_TOLERANCE,
     OPERATIONS,
     Collective,
     CollectiveTimeoutError,
     CompletedWork,
+    Membership,
     MisconfigurationError,
     NonMember,
     NotInGroupError,
@@ -262,3 +264,70 @@ def test_plan_mismatch_of_many_nodes_shows_one_node_per_value():
     assert error is not None and "(2 of 64 nodes shown, one per value)" in str(error)
     assert "    devices per node  2       1" in str(error).splitlines()
     assert error.differences["devices per node"][37] == "1"
+
+
+# -- when peers come and go ----------------------------------------------------------
+
+
+def test_a_collective_without_a_capability_refuses_its_method_naming_it():
+    collective = Partial()
+    assert collective.fault_tolerance == frozenset()
+    membership = Membership(rank=0, world_size=1, host="127.0.0.1", port=29500, prefix="q/1")
+    for call, capability in (
+        (lambda: collective.reconfigure(membership), "reconfigure"),
+        (collective.abort, "liveness"),
+        (lambda: collective.shrink([0]), "shrink"),
+    ):
+        with pytest.raises(
+            UnavailableError, match=rf"'partial' collective .* does not declare the '{capability}'"
+        ):
+            call()
+
+
+def test_a_collective_declares_only_capabilities_that_exist():
+    assert FAULT_TOLERANCE == ("liveness", "reconfigure", "shrink")
+    with pytest.raises(
+        MisconfigurationError, match="'heal' is no fault-tolerance capability; the capabilities are"
+    ):
+
+        class Healing(Partial):
+            fault_tolerance = frozenset({"liveness", "heal"})
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("10.0.0.1:29500/torchft/7/0", ("10.0.0.1", 29500, "torchft/7/0")),
+        ("host-a:1/p", ("host-a", 1, "p")),
+        ("[::1]:4000/q", ("::1", 4000, "q")),
+    ],
+)
+def test_a_membership_reads_the_address_torchft_gives(address, expected):
+    membership = Membership.at(address, rank=1, world_size=3, label="quorum 7", timeout=5)
+    assert (membership.host, membership.port, membership.prefix) == expected
+    assert (membership.rank, membership.world_size, membership.timeout) == (1, 3, 5)
+    assert membership.describe() == f"quorum 7: rank 1 of 3 at {expected[0]}:{expected[1]}/{expected[2]}"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Membership.at("10.0.0.1:29500", rank=0, world_size=1), r"expected HOST:PORT/PREFIX"),
+        (lambda: Membership.at("no port/x", rank=0, world_size=1), r"expected HOST:PORT/PREFIX"),
+        (
+            lambda: Membership(rank=3, world_size=3, host="h", port=1, prefix="p"),
+            r"one of 0 .. world_size - 1",
+        ),
+        (lambda: Membership(rank=0, world_size=0, host="h", port=1, prefix="p"), r"at least one member"),
+        (lambda: Membership(rank=0, world_size=1, host="h", port=0, prefix="p"), r"a port of 1 .. 65535"),
+        (lambda: Membership(rank=0, world_size=1, host="h", port=1, prefix=""), r"a prefix of its own"),
+        (lambda: Membership(rank=True, world_size=1, host="h", port=1, prefix="p"), r"rank=True.*an int"),
+        (
+            lambda: Membership(rank=0, world_size=1, host="h", port=1, prefix="p", timeout=0),
+            r"positive number",
+        ),
+    ],
+)
+def test_a_bad_membership_says_what_is_wrong(make, match):
+    with pytest.raises(MisconfigurationError, match=match):
+        make()

@@ -51,6 +51,20 @@ def test_a_strategy_says_where_its_traffic_goes_per_collective():
         StrategySpec(name="s", target="a:B", traffic={"mine": 3})  # type: ignore[dict-item]
 
 
+def test_collectives_declare_and_strategies_need_fault_tolerance_capabilities():
+    collective = CollectiveSpec(name="c", target="a:B", fault_tolerance=["reconfigure", "liveness"])
+    assert collective.fault_tolerance == ("liveness", "reconfigure")
+    assert CollectiveSpec(name="c", target="a:B").fault_tolerance == ()
+    strategy = StrategySpec(name="s", target="a:B", collective_needs=("reconfigure", "liveness"))
+    assert strategy.collective_needs == ("liveness", "reconfigure")
+    with pytest.raises(
+        ValueError, match=r"CollectiveSpec 'c': fault_tolerance: 'heal' is no fault-tolerance"
+    ):
+        CollectiveSpec(name="c", target="a:B", fault_tolerance=("heal",))
+    with pytest.raises(ValueError, match=r"StrategySpec 's': collective_needs: 'quorum' is no"):
+        StrategySpec(name="s", target="a:B", collective_needs=("quorum",))
+
+
 def test_a_strategy_names_its_variants_in_other_libraries():
     spec = StrategySpec(name="s", target="a:B", variants={"s_fast": {"fast": True}})
     assert dict(spec.variants["s_fast"]) == {"fast": True}

@@ -319,8 +319,9 @@ class StrategySpec(Spec):
             collective name, for ``phalanx explain``; the key ``"*"`` stands
             for any other collective, and ``{collective}`` in a line for the
             collective's name (``{"torch": "its own c10d group", "*": "the
-            {collective!r} collective, as a ProcessGroup"}``). Empty: the
-            strategy does not say.
+            {collective!r} collective, as a ProcessGroup"}``), and
+            ``{across}`` for the collective between replica groups (see
+            ``collective_needs``). Empty: the strategy does not say.
         variants: names other libraries give this strategy with options
             (Fabric's ``"ddp_find_unused_parameters_true"``), mapped to the
             keywords of :func:`phalanx.resolve` they stand for
@@ -358,10 +359,15 @@ class StrategySpec(Spec):
             )
         object.__setattr__(self, "traffic", _freeze(self.traffic))
 
-    def traffic_through(self, collective: str) -> str | None:
-        """The ``traffic`` line for ``collective`` (a name), or ``None``."""
-        line = self.traffic.get(collective, self.traffic.get("*"))
-        return None if line is None else line.format(collective=collective)
+    def traffic_through(self, collective: str, *, across: str | None = None) -> str | None:
+        """The ``traffic`` line for ``collective`` (a name), or ``None``.
+        ``across``: the collective between replica groups, where the
+        strategy has one (``{across}`` in a line; the line of
+        ``collective`` is the one for both where it is the same, else
+        ``"*"``'s)."""
+        key = collective if across in (None, collective) else "*"
+        line = self.traffic.get(key, self.traffic.get("*"))
+        return None if line is None else line.format(collective=collective, across=across or collective)
 
 
 SPEC_TYPES: dict[Kind, type[Spec]] = {

@@ -47,7 +47,7 @@ GRADIENT_BYTES = (8 * 16 + 16 + 16 * 1 + 1) * 4
         ("hsdp_ft", 2, False, 0, "torch"),
         ("hsdp_ft", 2, True, 0, "torch"),
         ("ddp_ft", 1, False, 0, "compressed"),
-        ("hsdp_ft", 2, False, 0, "compressed"),
+        ("hsdp_ft", 2, False, 0, "across=compressed"),
     ],
     ids=[
         "ddp_ft-1",
@@ -56,7 +56,7 @@ GRADIENT_BYTES = (8 * 16 + 16 + 16 * 1 + 1) * 4
         "hsdp_ft-2",
         "hsdp_ft-2-units-bf16-offload",
         "ddp_ft-1-compressed",
-        "hsdp_ft-2-compressed",
+        "hsdp_ft-2-torch-within-compressed-across",
     ],
 )
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
@@ -75,8 +75,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         "3",
         "--max-restarts",
         "1",
-        "--collective",
-        collective,
+        *(["--option", collective] if collective.startswith("across=") else ["--collective", collective]),
         strategy=strategy,
         park_at=10,
         fsdp_options=fsdp_options,
@@ -138,8 +137,9 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     # (the plain torch collective: the float32 itself), and no float32 at
     # all. (The groups' first step sends the leader's state as bytes,
     # uint8; the step's members go as int64.)
-    wire, ratio = ("bfloat16", 2) if collective == "compressed" else ("float32", 1)
-    kind = {"torch": "TorchCollective", "compressed": "CompressedCollective"}[collective]
+    compressed = collective in ("compressed", "across=compressed")
+    wire, ratio = ("bfloat16", 2) if compressed else ("float32", 1)
+    kind = "CompressedCollective" if compressed else "TorchCollective"
     for path in every_rank:
         across = torch.load(path)["across"]
         assert across["collective"] == kind, across

@@ -17,7 +17,7 @@ from phalanx_core.specs import Kind, StrategySpec
 from ._entry import Catalog, Entry
 from ._flags import INTERFACES
 from ._plan import Choice, Plan
-from ._resolve import _check_external_world, _external_world, runs_per_node
+from ._resolve import ACROSS_OPTIONS, _check_external_world, _external_world, runs_per_node
 from ._similar import close_matches as _close_matches
 
 __all__ = ["build"]
@@ -98,6 +98,8 @@ def _route(
             takes[kind] = (accepted if accepted is not None else set()) - set(_GIVEN[kind])
     replaced = _replaced_launcher(registry, plan)
     for key, value in plan.options.items():
+        if key in ACROSS_OPTIONS and plan.across is not None:
+            continue  # the collective between replica groups: _across_collective
         takers = [kind for kind, names in takes.items() if key in names]
         if len(takers) == 1:
             routed[takers[0]][key] = value
@@ -161,6 +163,40 @@ def _accepted_options(cls: type) -> set[str] | None:
     return None
 
 
+def _across_collective(
+    registry: Catalog,
+    plan: Plan,
+    spec: StrategySpec,
+    targets: dict[Kind, tuple[Entry, type] | None],
+    options: dict[str, Any],
+) -> Any:
+    """The collective between the replica groups of a strategy that needs
+    one, never set up (the strategy reconfigures it for each step's
+    members): the one the option ``across`` named, with
+    ``across_options``; else a second collective of the kind and options of
+    the strategy's own."""
+    coll = plan.collective
+    assert coll is not None
+    if plan.across is not None and plan.across_named:
+        found = _target(registry, plan.across)
+        given = dict(plan.options.get("across_options", {}))
+        try:
+            made = _construct(found, plan.across, given)
+        except TypeError as exc:
+            raise MisconfigurationError(
+                f"option across={plan.across.name!r}: across_options={given!r} are not its options ({exc})"
+            ) from None
+        _check_built_capabilities(spec, plan.across, made)
+        return made
+    made = (
+        copy.deepcopy(coll.instance)
+        if coll.instance is not None
+        else _construct(targets[Kind.COLLECTIVE], coll, options)
+    )
+    _check_built_capabilities(spec, coll, made)
+    return made
+
+
 def _check_built_capabilities(spec: StrategySpec, choice: Choice, collective: Any) -> None:
     """The collective as built has the capabilities the strategy needs
     (a ready instance, or a composed one whose part was given as one, is
@@ -168,11 +204,11 @@ def _check_built_capabilities(spec: StrategySpec, choice: Choice, collective: An
     missing = sorted(set(spec.collective_needs) - set(getattr(collective, "fault_tolerance", ())))
     if missing:
         raise MisconfigurationError(
-            f"strategy {spec.name!r} needs a collective that can {' and '.join(spec.collective_needs)} "
-            f"(its replica groups come and go), and the collective {choice.name!r} ({choice.reason}) "
-            f"cannot {' or '.join(missing)} (its fault_tolerance: "
+            f"strategy {spec.name!r} needs a collective with the capabilities "
+            f"{' and '.join(spec.collective_needs)} (its replica groups come and go), and the collective "
+            f"{choice.name!r} ({choice.reason}) lacks {' and '.join(missing)} (its fault_tolerance: "
             f"{', '.join(sorted(getattr(collective, 'fault_tolerance', ()))) or 'none'}); give a collective "
-            "that declares them, e.g. collective='torch' (phalanx list shows each collective's)"
+            "that declares them, e.g. collective='torch' (phalanx list shows what each one declares)"
         )
 
 
@@ -242,14 +278,7 @@ def build(registry: Catalog, plan: Plan) -> Strategy:
     )
     across = {}
     if isinstance(spec, StrategySpec) and spec.collective_needs:
-        _check_built_capabilities(spec, coll, collective)
-        # A second collective of the same kind and options, never set up:
-        # the one the strategy reconfigures for each set of members.
-        across["across"] = (
-            copy.deepcopy(coll.instance)
-            if coll.instance is not None
-            else _construct(targets[Kind.COLLECTIVE], coll, options[Kind.COLLECTIVE])
-        )
+        across["across"] = _across_collective(registry, plan, spec, targets, options[Kind.COLLECTIVE])
     strategy: Strategy = _construct(
         targets[Kind.STRATEGY],
         plan.strategy,

@@ -79,6 +79,17 @@ class Plan:
     #: The collectives the chosen collective is made of (a composed one's:
     #: ``compressed``'s inner collective), each named ``"<role>: <name>"``.
     composition: tuple[Choice, ...] = ()
+    #: For a strategy whose replica groups come and go, the collective
+    #: between the groups: the collective's own choice, or the one the
+    #: option ``across`` names (and its parts).
+    across: Choice | None = None
+    across_composition: tuple[Choice, ...] = ()
+
+    @property
+    def across_named(self) -> bool:
+        """Whether the option ``across`` chose another collective for
+        between the groups than the one within them."""
+        return self.across is not None and self.across is not self.collective
 
     def parts(self) -> list[Choice]:
         """The chosen parts in build order (a strategy instance has none)."""
@@ -93,7 +104,8 @@ class Plan:
             return None
         if self.collective.spec is None:
             return None
-        return spec.traffic_through(self.collective.name)
+        across = self.across.name if self.across is not None else None
+        return spec.traffic_through(self.collective.name, across=across)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +114,7 @@ class Plan:
             "options": {k: repr(v) for k, v in self.options.items()},
             "parts": {str(c.kind): c.to_dict() for c in self.parts()},
             "composition": [c.to_dict() for c in self.composition],
+            "across": self.across.to_dict() if self.across_named else None,
             "traffic": self.traffic(),
         }
 
@@ -115,6 +128,13 @@ class Plan:
             rows.append((str(c.kind), c.name, _source(c), c.reason))
             if c.kind is Kind.COLLECTIVE:
                 rows.extend(("", f"  {part.name}", _source(part), part.reason) for part in self.composition)
+                if self.across is not None and self.across_named:
+                    across = self.across
+                    rows.append(("", f"  across: {across.name}", _source(across), across.reason))
+                    rows.extend(
+                        ("", f"    {part.name}", _source(part), part.reason)
+                        for part in self.across_composition
+                    )
         width = [max(len(r[i]) for r in rows) for i in range(3)]
         devices = f"devices={self.devices!r}"
         if devices_here is not None and (isinstance(self.devices, str) or self.devices == -1):

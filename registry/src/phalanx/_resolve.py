@@ -454,7 +454,7 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
                 f"{', '.join(f'launcher={n!r}' for n in ok) or '(none installed)'}"
             )
     composition = _composition(registry, collective, flags["options"])
-    _check_capabilities(registry, strategy, collective, composition)
+    across, across_composition = _across(registry, strategy, collective, composition, flags["options"])
     return Plan(
         strategy,
         accelerator,
@@ -466,7 +466,60 @@ def plan(registry: Catalog, flags: dict[str, Any]) -> Plan:
         flags["num_nodes"],
         dict(flags["options"]),
         composition,
+        across,
+        across_composition,
     )
+
+
+#: The options that name the collective between a fault-tolerant
+#: strategy's replica groups, and its options.
+ACROSS_OPTIONS = ("across", "across_options")
+
+
+def _across(
+    registry: Catalog,
+    strategy: Choice,
+    collective: Choice,
+    composition: tuple[Choice, ...],
+    options: Mapping[str, Any],
+) -> tuple[Choice | None, tuple[Choice, ...]]:
+    """The collective between the replica groups of a strategy that needs
+    one (``StrategySpec.collective_needs``), and its parts: the one named
+    by the option ``across`` (with ``across_options``), else another of the
+    strategy's collective; checked for the capabilities the strategy
+    needs. ``None`` for other strategies (which refuse the options)."""
+    spec = strategy.spec
+    named = options.get("across")
+    if not isinstance(spec, StrategySpec) or not spec.collective_needs:
+        given = [name for name in ACROSS_OPTIONS if name in options]
+        if given:
+            raise MisconfigurationError(
+                f"option {given[0]} names the collective between the replica groups of a strategy whose "
+                f"groups come and go (ddp_ft, hsdp_ft); strategy {strategy.name!r} has none. Name its one "
+                "collective with collective="
+            )
+        return None, ()
+    extra = options.get("across_options", {})
+    if not isinstance(extra, Mapping):
+        raise MisconfigurationError(
+            f"option across_options={extra!r}: give a dict of the options of the collective across groups"
+        )
+    if named is None:
+        if extra:
+            raise MisconfigurationError(
+                "option across_options is for the collective named by across=; without it the collective "
+                "between the groups is another of the one named with collective=, with its options"
+            )
+        _check_capabilities(registry, strategy, collective, composition)
+        return collective, composition
+    if not isinstance(named, str) or not named:
+        raise MisconfigurationError(
+            f"option across={named!r}: name a collective (e.g. 'compressed'), as collective= takes it"
+        )
+    across = _named(registry, Kind.COLLECTIVE, named, "asked for (option across)")
+    parts = _composition(registry, across, extra)
+    _check_capabilities(registry, strategy, across, parts)
+    return across, parts
 
 
 def capabilities_of(
@@ -504,15 +557,19 @@ def _check_capabilities(
     has = capabilities_of(registry, collective.spec, [part.spec for part in composition])
     if needs <= has:
         return
-    able = [
+    able = sorted(
         entry.name
         for entry in registry.entries(Kind.COLLECTIVE)
         if isinstance(entry.spec, CollectiveSpec) and needs <= capabilities_of(registry, entry.spec)
-    ]
+    )
+    example = "torch" if "torch" in able else (able or ["torch"])[0]
     lacking = [
         f"{who} declares {', '.join(sorted(declared)) or 'none'}"
         for who, declared in (
-            (f"collective {collective.name!r} ({_source_of(collective)})", set(collective.spec.fault_tolerance)),
+            (
+                f"collective {collective.name!r} ({_source_of(collective)})",
+                set(collective.spec.fault_tolerance),
+            ),
             *(
                 (f"its part {part.name!r}", set(getattr(part.spec, "fault_tolerance", ())))
                 for part in composition
@@ -524,8 +581,7 @@ def _check_capabilities(
         f"strategy {spec.name!r} needs a collective with the capabilities {' and '.join(sorted(needs))} "
         "(its replica groups come and go: each step's members form a group of their own), and "
         f"{'; '.join(lacking)}. Collectives that have them: "
-        f"{', '.join(able) or 'none installed (pip install phalanx-torch)'}; e.g. collective="
-        f"{(able or ['torch'])[0]!r}"
+        f"{', '.join(able) or 'none installed (pip install phalanx-torch)'}; e.g. collective={example!r}"
     )
 
 

@@ -60,8 +60,8 @@ def phalanx_strategies() -> list[StrategySpec]:
                 "collective's c10d group, then across the step's groups through a 'torch' collective "
                 "of their own (gloo), formed again at each TorchFT quorum (reconfigure)",
                 "*": "gradients: DDP's buckets within the replica group through the {collective!r} "
-                "collective (as a torch ProcessGroup), then across the step's groups through a "
-                "{collective!r} collective of their own, formed again at each TorchFT quorum (reconfigure)",
+                "collective, then across the step's groups through a {across!r} collective of their "
+                "own, formed again at each TorchFT quorum (reconfigure)",
             },
             collective_needs=("liveness", "reconfigure"),
         ),
@@ -82,9 +82,9 @@ def phalanx_strategies() -> list[StrategySpec]:
                 "averaged across the step's groups through a 'torch' collective of their own (gloo), "
                 "formed again at each TorchFT quorum (reconfigure)",
                 "*": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
-                "replica group through the {collective!r} collective (as a torch ProcessGroup); each "
-                "gradient shard then averaged across the step's groups through a {collective!r} "
-                "collective of their own, formed again at each TorchFT quorum (reconfigure)",
+                "replica group through the {collective!r} collective; each gradient shard then "
+                "averaged across the step's groups through a {across!r} collective of their own, "
+                "formed again at each TorchFT quorum (reconfigure)",
             },
             collective_needs=("liveness", "reconfigure"),
         ),

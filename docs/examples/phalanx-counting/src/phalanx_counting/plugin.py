@@ -13,5 +13,8 @@ def phalanx_collectives():
             summary="torch.distributed, counting every operation and the bytes it moves",
             needs=("torch",),  # checked without importing; missing: listed as unavailable
             install="pip install torch",
+            # What it can do when peers come and go, as its class does (the
+            # torch collective's): fault-tolerant strategies (ddp_ft) take it.
+            fault_tolerance=("liveness", "reconfigure"),
         )
     ]
