@@ -114,7 +114,7 @@ class Plan:
             "options": {k: repr(v) for k, v in self.options.items()},
             "parts": {str(c.kind): c.to_dict() for c in self.parts()},
             "composition": [c.to_dict() for c in self.composition],
-            "across": self.across.to_dict() if self.across_named else None,
+            "across": self.across.to_dict() if self.across is not None and self.across_named else None,
             "traffic": self.traffic(),
         }
 
