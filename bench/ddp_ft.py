@@ -64,15 +64,19 @@ LINE = re.compile(r"STEP group=(\d+) pid=(\d+) step=(\d+) committed=(\w+) t=([\d
 class Run:
     """One ``phalanx run`` of the workload, its step lines as they come."""
 
-    def __init__(self, flags: list[str], args: argparse.Namespace, bed: Any = None) -> None:
+    def __init__(
+        self, flags: list[str], args: argparse.Namespace, bed: Any = None, env: dict[str, str] | None = None
+    ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="phalanx-ddp-ft-"))
         self.steps: list[tuple[int, int, int, bool, float]] = []
         self.bed = bed
         command = [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", *flags]
         workload = [str(WORKLOAD), str(self.folder), str(args.steps), str(args.pad), str(args.every)]
-        if args.own_loader and "ddp_ft" in flags:
+        if getattr(args, "own_loader", False) and "ddp_ft" in flags:
             workload.append("own")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if getattr(args, "width", None):
+            workload.append(f"width={args.width}")
+        env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"}
         options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
         options.update(env=env, cwd=self.folder)
         if bed is None:

@@ -4,11 +4,12 @@ padded step, one line per step. Under ``ddp_ft`` the step is TorchFT's (``curren
 committed or not); under any other strategy it counts itself and saves a
 checkpoint every ``EVERY`` steps, from which a restarted job resumes.
 
-    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY [own]
+    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY [own] [width=N]
 
 ``own``: the script's own ``DataLoader`` instead of ``setup_dataloader``'s
 (every group reads the same batches; the quorum is then awaited in the
-step's all-reduce, not before its batch).
+step's all-reduce, not before its batch). ``width=N``: the hidden layer's
+width (256 by default; the gradients are about 66 * N float32).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import phalanx
 from phalanx_core import CheckpointDirectory
 
 out, steps, pad, every = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-own = sys.argv[5:] == ["own"]
+own = "own" in sys.argv[5:]
+width = next((int(a.split("=", 1)[1]) for a in sys.argv[5:] if a.startswith("width=")), 256)
 strategy = phalanx.resolve()
 strategy.launch()
 ft = hasattr(strategy, "replica_group")
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
 model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
 samples = TensorDataset(torch.randn(32 * 1000, 64, generator=torch.Generator().manual_seed(0)))
 loader = DataLoader(samples, batch_size=32, shuffle=True)

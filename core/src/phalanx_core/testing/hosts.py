@@ -207,6 +207,29 @@ class TestBed:
         """Put a host that :meth:`cut` took off the network back on it."""
         _ip("-n", self.switch, "link", "set", f"port{self.hosts.index(host)}", "up")
 
+    def limit(self, host: Host, rate: str | None) -> None:
+        """Limit ``host``'s link to ``rate`` each way (tc's token bucket:
+        ``"100mbit"``), or lift the limit (``None``): a slow link between
+        racks or sites, for benchmarks."""
+        port = f"port{self.hosts.index(host)}"
+        for namespace, device in ((host.namespace, host.interface), (self.switch, port)):
+            if rate is None:
+                subprocess.run(
+                    ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", device, "root"],
+                    capture_output=True,
+                    timeout=30,
+                )
+                continue
+            command = ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate]
+            done = subprocess.run(
+                ["ip", "netns", "exec", namespace, *command, "burst", "256kb", "latency", "100ms"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"tc in {namespace}: {done.stderr.strip()}")
+
     def kill_all(self, host: Host) -> int:
         """SIGKILL every process of ``host`` at once, as a lost machine
         would end them; return how many there were."""

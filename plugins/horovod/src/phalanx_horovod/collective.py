@@ -137,6 +137,10 @@ class HorovodCollective(Collective):
     """
 
     name: ClassVar[str] = "horovod"
+    #: None: Horovod's ranks are fixed at ``hvd.init()`` (elastic Horovod
+    #: starts its workers again to change them), so a group of other
+    #: members cannot be formed in place.
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset()
     reduce_ops: ClassVar[tuple[str, ...]] = (*REDUCE_OPS, "adasum")
     unsupported: ClassVar[frozenset[str]] = frozenset({"send", "recv"})
 

@@ -205,6 +205,11 @@ class MPICollective(Collective):
     """
 
     name: ClassVar[str] = "mpi"
+    #: None: an MPI communicator's members are fixed when it is made from
+    #: the job's (MPI_COMM_WORLD), so a group of other members cannot be
+    #: formed at each step, and a dead peer aborts the job (ULFM's
+    #: revoke and shrink are not in the MPI builds phalanx is tested on).
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset()
     reduce_ops: ClassVar[tuple[str, ...]] = REDUCE_OPS
 
     def __init__(self, *, timeout: float = 1800.0) -> None:

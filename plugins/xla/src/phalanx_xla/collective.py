@@ -86,6 +86,9 @@ class XLACollective(Collective):
     rank."""
 
     name: ClassVar[str] = "xla"
+    #: None: XLA runs each collective on every replica of the program,
+    #: fixed when its runtime starts.
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset()
     unsupported: ClassVar[frozenset[str]] = frozenset({"send", "recv"})
     subgroups: ClassVar[bool] = False  # new_group: every rank only (see new_group)
 

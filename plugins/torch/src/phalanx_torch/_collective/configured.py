@@ -35,9 +35,18 @@ def form(backend: str, membership: Membership, timeout: float) -> Any:
     (made here: this returns once every member arrived, or raises c10d's
     RuntimeError after ``timeout``)."""
     wait = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        membership.host, membership.port, is_master=False, timeout=wait, wait_for_workers=False
-    )
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            membership.host, membership.port, is_master=False, timeout=wait, wait_for_workers=False
+        )
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CollectiveConnectionError(
+            f"reconfigure() on the 'torch' collective ({membership.describe()}): the members' store at "
+            f"{membership.host}:{membership.port} did not answer (timeout {timeout:g} s: {first}). Check "
+            "that whatever serves it (TorchFT's manager of the quorum's leader) runs and is reachable",
+            operation="reconfigure",
+        ) from None
     prefixed = dist.PrefixStore(membership.prefix, store)  # type: ignore[attr-defined]
     if backend == "gloo":
         return dist.ProcessGroupGloo(prefixed, membership.rank, membership.world_size, wait)

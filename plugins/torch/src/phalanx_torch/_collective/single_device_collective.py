@@ -33,6 +33,8 @@ class SingleDeviceCollective(Collective):
     """
 
     name: ClassVar[str] = "single_device"
+    #: None: a world of one process has no peers to come and go.
+    fault_tolerance: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *, timeout: float = 1800.0) -> None:
         super().__init__(timeout=timeout)

@@ -1,0 +1,141 @@
+"""The collective between ``ddp_ft``'s replica groups, measured side by side
+in one run (CPU, gloo):
+
+    python bench/ddp_ft_across.py [--baseline-tree DIR] [--trials 3] [--rate 100mbit]
+                                  [--width 60000] [--steps 12] [--json]
+
+* **A lost group, one host**: the survivors' longest gap between two
+  committed steps after group 1 of 3 is killed (``bench/ddp_ft.py``'s
+  measure), with the traffic between the groups through the named ``torch``
+  collective (this tree), against the same job of ``--baseline-tree``, a
+  checkout of phalanx from before the named collective carried it
+  (80a33cf: TorchFT's own gloo group did). The two alternate, ``--trials``
+  times each. Without ``--baseline-tree`` this part is skipped.
+* **Throughput, three hosts** (network namespaces, root): the median step
+  of ``ddp_ft`` with 3 groups of 1 rank, one a host, and a model of
+  ``--width`` (its gradients about 66 x width float32: 16 MB at 60000),
+  with ``--collective torch`` and ``--collective compressed`` (bf16 on the
+  wire), on the bed's link as it is and limited to ``--rate`` each way at
+  every host (tc). Ratios: compressed's throughput over torch's.
+
+This prints; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ddp_ft import Run  # noqa: E402 - the bench's own module beside this one
+
+
+def tree_path(tree: Path) -> str:
+    """PYTHONPATH for the source folders of the phalanx checkout ``tree``
+    (they then come before the installed ones)."""
+    folders = [tree / "core" / "src", tree / "registry" / "src"]
+    folders += sorted(p for p in (tree / "plugins").glob("*/src") if p.is_dir())
+    return os.pathsep.join(str(folder) for folder in folders)
+
+
+def survivors_gap(run: Run, killed: float) -> float:
+    """The longest gap between two committed steps of a group that was not
+    killed, from its last one before the kill to its end."""
+    gaps = []
+    survivors = [s for s in run.steps if s[0] != 1]
+    for group in {s[0] for s in survivors}:
+        times = [s[4] for s in survivors if s[0] == group and s[3]]
+        before = [t for t in times if t < killed][-1:]
+        after = before + [t for t in times if t >= killed]
+        gaps.append(max(b - a for a, b in itertools.pairwise(after)))
+    return max(gaps)
+
+
+def kill_gaps(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Part A: alternating trials of this tree and the baseline."""
+    trees = {"named torch collective": os.environ}
+    if args.baseline_tree:
+        trees["TorchFT's own gloo group (baseline tree)"] = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [tree_path(args.baseline_tree), os.environ.get("PYTHONPATH")])
+            ),
+        }
+    kill = argparse.Namespace(steps=40, pad=0.25, every=10, width=None)
+    flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1", "--max-restarts", "1"]
+    flags += ["-o", "heartbeat_timeout=1.0"]
+    gaps: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(args.trials):
+        for name, env in trees.items():
+            run = Run(flags, kill, env=dict(env))
+            killed, _ = run.kill_at(1, 15)
+            run.wait()
+            gaps[name].append(round(survivors_gap(run, killed), 3))
+    return gaps
+
+
+def throughput(args: argparse.Namespace) -> dict[str, float]:
+    """Part B: median steps on three hosts, per collective, link as it is
+    and limited."""
+    from phalanx_core.testing.hosts import TestBed
+
+    work = argparse.Namespace(steps=args.steps, pad=0.0, every=1000, width=args.width)
+    flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1", "--num-nodes", "3"]
+    flags += ["-o", "replica_timeout=120"]  # a step of 16 MB on a slow link takes seconds
+    steps: dict[str, float] = {}
+    with TestBed(3, subnet="192.168.83") as bed:
+        for rate in (None, args.rate):
+            for host in bed.hosts:
+                bed.limit(host, rate)
+            for collective in ("torch", "compressed"):
+                run = Run([*flags, "--collective", collective], work, bed)
+                run.wait()
+                times = [s[4] for s in run.steps if s[0] == 0 and s[3]][3:]  # after the first steps
+                steps[f"{collective} {rate or 'unlimited'}"] = statistics.median(
+                    b - a for a, b in itertools.pairwise(times)
+                )
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline-tree", type=Path, help="a phalanx checkout from before (80a33cf)")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--rate", default="100mbit", help="tc's rate for the limited link, each way")
+    parser.add_argument("--width", type=int, default=60000)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result: dict[str, Any] = {}
+    if not args.skip_kill:
+        result["survivors_longest_gap_s"] = kill_gaps(args)
+    if not args.skip_throughput:
+        steps = throughput(args)
+        result["median_step_s"] = {k: round(v, 4) for k, v in steps.items()}
+        result["throughput_compressed_over_torch"] = {
+            link: round(steps[f"torch {link}"] / steps[f"compressed {link}"], 3)
+            for link in ("unlimited", args.rate)
+        }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for name, gaps in result.get("survivors_longest_gap_s", {}).items():
+        print(f"group 1 of 3 killed, one host, {name}: survivors' longest gap {gaps} s "
+              f"(median {statistics.median(gaps)})")  # fmt: skip
+    for name, step in result.get("median_step_s", {}).items():
+        print(f"3 hosts, ddp_ft, width {args.width}, --collective {name}: median step {step} s")
+    for link, ratio in result.get("throughput_compressed_over_torch", {}).items():
+        print(f"throughput, compressed / torch, link {link}: {ratio}")
+
+
+if __name__ == "__main__":
+    main()
