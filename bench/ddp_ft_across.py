@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_ft import Run  # noqa: E402 - the bench's own module beside this one
+from ddp_ft import Run
 
 
 def tree_path(tree: Path) -> str:
