@@ -42,26 +42,25 @@ GRADIENT_BYTES = (8 * 16 + 16 + 16 * 1 + 1) * 4
     ("strategy", "devices", "fsdp_options", "workers", "collective"),
     [
         ("ddp_ft", 1, False, 0, "torch"),
-        ("ddp_ft", 2, False, 0, "torch"),
+        ("ddp_ft", 2, False, 0, "compressed"),
         ("ddp_ft", 1, False, 2, "torch"),
-        ("hsdp_ft", 2, False, 0, "torch"),
-        ("hsdp_ft", 2, True, 0, "torch"),
-        ("ddp_ft", 1, False, 0, "compressed"),
         ("hsdp_ft", 2, False, 0, "across=compressed"),
+        ("hsdp_ft", 2, True, 0, "torch"),
     ],
     ids=[
         "ddp_ft-1",
-        "ddp_ft-2",
+        "ddp_ft-2-compressed",
         "ddp_ft-1-loader-workers",
-        "hsdp_ft-2",
-        "hsdp_ft-2-units-bf16-offload",
-        "ddp_ft-1-compressed",
         "hsdp_ft-2-torch-within-compressed-across",
+        "hsdp_ft-2-units-bf16-offload",
     ],
 )
 def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     tmp_path, strategy, devices, fsdp_options, workers, collective
 ):
+    # ddp_ft-2-compressed: compressed (bf16 on the wire) within each group
+    # and between the groups; hsdp_ft-2-torch-within-compressed-across: the
+    # torch collective within, compressed between (-o across=compressed).
     # hsdp_ft-2-units-bf16-offload: each Linear its own FSDP unit
     # (shard_modules), bf16 parameters with float32 reductions (mp_policy),
     # parameters and optimizer state in CPU memory (cpu_offload).
