@@ -11,12 +11,18 @@ in one run (CPU, gloo):
   checkout of phalanx from before the named collective carried it
   (80a33cf: TorchFT's own gloo group did). The two alternate, ``--trials``
   times each. Without ``--baseline-tree`` this part is skipped.
+* **No failure, one host** (with ``--baseline-tree``): the median step of
+  the same job without a kill, 300 steps of a small model (mostly TorchFT's
+  own costs a step), this tree against the baseline, ``2 x --trials``
+  alternating runs each.
 * **Throughput, three hosts** (network namespaces, root): the median step
   of ``ddp_ft`` with 3 groups of 1 rank, one a host, and a model of
   ``--width`` (its gradients about 66 x width float32: 16 MB at 60000),
   with ``--collective torch`` and ``--collective compressed`` (bf16 on the
   wire), on the bed's link as it is and limited to ``--rate`` each way at
-  every host (tc). Ratios: compressed's throughput over torch's.
+  every host (tc). Ratios: compressed's throughput over torch's; with
+  ``--baseline-tree``, also the named torch collective's over TorchFT's
+  own gloo group (the tree before).
 
 This prints; it asserts nothing.
 """
@@ -58,16 +64,17 @@ def survivors_gap(run: Run, killed: float) -> float:
     return max(gaps)
 
 
+def baseline_env(tree: Path) -> dict[str, str]:
+    """This process's environment with the checkout ``tree`` first on the path."""
+    path = os.pathsep.join(filter(None, [tree_path(tree), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def kill_gaps(args: argparse.Namespace) -> dict[str, list[float]]:
     """Part A: alternating trials of this tree and the baseline."""
-    trees = {"named torch collective": os.environ}
+    trees: dict[str, Any] = {"named torch collective": os.environ}
     if args.baseline_tree:
-        trees["TorchFT's own gloo group (baseline tree)"] = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [tree_path(args.baseline_tree), os.environ.get("PYTHONPATH")])
-            ),
-        }
+        trees["TorchFT's own gloo group (baseline tree)"] = baseline_env(args.baseline_tree)
     kill = argparse.Namespace(steps=40, pad=0.25, every=10, width=None)
     flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1", "--max-restarts", "1"]
     flags += ["-o", "heartbeat_timeout=1.0"]
@@ -81,6 +88,26 @@ def kill_gaps(args: argparse.Namespace) -> dict[str, list[float]]:
     return gaps
 
 
+def small_steps(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Part C: no failure, one host, the small model (a step of TorchFT's
+    own costs, mostly): the median step of this tree and the baseline,
+    alternating trials, in milliseconds."""
+    work = argparse.Namespace(steps=300, pad=0.0, every=100000, width=None)
+    flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1"]
+    trees: dict[str, Any] = {"named torch collective": None}
+    trees["TorchFT's own gloo group (baseline tree)"] = baseline_env(args.baseline_tree)
+    found: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(2 * args.trials):
+        for name, env in trees.items():
+            run = Run(flags, work, env=env)
+            run.wait()
+            times = [s[4] for s in run.steps if s[0] == 0 and s[3]][10:]
+            found[name].append(
+                round(statistics.median(b - a for a, b in itertools.pairwise(times)) * 1000, 2)
+            )
+    return found
+
+
 def throughput(args: argparse.Namespace) -> dict[str, float]:
     """Part B: median steps on three hosts, per collective, link as it is
     and limited."""
@@ -90,15 +117,18 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
     flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1", "--num-nodes", "3"]
     flags += ["-o", "replica_timeout=120"]  # a step of 16 MB on a slow link takes seconds
     steps: dict[str, float] = {}
+    jobs: list[tuple[str, str, Any]] = [("torch", "torch", None), ("compressed", "compressed", None)]
+    if args.baseline_tree:  # TorchFT's own gloo group between the groups
+        jobs.insert(1, ("torch (baseline tree)", "torch", baseline_env(args.baseline_tree)))
     with TestBed(3, subnet="192.168.83") as bed:
         for rate in (None, args.rate):
             for host in bed.hosts:
                 bed.limit(host, rate)
-            for collective in ("torch", "compressed"):
-                run = Run([*flags, "--collective", collective], work, bed)
+            for name, collective, env in jobs:
+                run = Run([*flags, "--collective", collective], work, bed, env=env)
                 run.wait()
                 times = [s[4] for s in run.steps if s[0] == 0 and s[3]][3:]  # after the first steps
-                steps[f"{collective} {rate or 'unlimited'}"] = statistics.median(
+                steps[f"{name} {rate or 'unlimited'}"] = statistics.median(
                     b - a for a, b in itertools.pairwise(times)
                 )
     return steps
@@ -118,6 +148,8 @@ def main() -> None:
     result: dict[str, Any] = {}
     if not args.skip_kill:
         result["survivors_longest_gap_s"] = kill_gaps(args)
+    if args.baseline_tree and not args.skip_kill:
+        result["small_step_ms"] = small_steps(args)
     if not args.skip_throughput:
         steps = throughput(args)
         result["median_step_s"] = {k: round(v, 4) for k, v in steps.items()}
@@ -125,16 +157,26 @@ def main() -> None:
             link: round(steps[f"torch {link}"] / steps[f"compressed {link}"], 3)
             for link in ("unlimited", args.rate)
         }
+        if args.baseline_tree:
+            result["throughput_torch_over_baseline"] = {
+                link: round(steps[f"torch (baseline tree) {link}"] / steps[f"torch {link}"], 3)
+                for link in ("unlimited", args.rate)
+            }
     if args.json:
         print(json.dumps(result, indent=2))
         return
     for name, gaps in result.get("survivors_longest_gap_s", {}).items():
         print(f"group 1 of 3 killed, one host, {name}: survivors' longest gap {gaps} s "
               f"(median {statistics.median(gaps)})")  # fmt: skip
+    for name, steps in result.get("small_step_ms", {}).items():
+        print(f"no failure, one host, 3 groups, small model, {name}: median step {steps} ms "
+              f"(median {round(statistics.median(steps), 2)})")  # fmt: skip
     for name, step in result.get("median_step_s", {}).items():
         print(f"3 hosts, ddp_ft, width {args.width}, --collective {name}: median step {step} s")
     for link, ratio in result.get("throughput_compressed_over_torch", {}).items():
         print(f"throughput, compressed / torch, link {link}: {ratio}")
+    for link, ratio in result.get("throughput_torch_over_baseline", {}).items():
+        print(f"throughput, torch (named) / TorchFT's own gloo group (baseline tree), link {link}: {ratio}")
 
 
 if __name__ == "__main__":
