@@ -20,7 +20,9 @@ in one run (CPU, gloo):
   ``--width`` (its gradients about 66 x width float32: 16 MB at 60000),
   with ``--collective torch`` and ``--collective compressed`` (bf16 on the
   wire), on the bed's link as it is and limited to ``--rate`` each way at
-  every host (tc). Ratios: compressed's throughput over torch's; with
+  every host (tc), and the bytes the hosts sent on their links in each job
+  (their interfaces' counters: every byte of every process). Ratios:
+  compressed's throughput over torch's; with
   ``--baseline-tree``, also the named torch collective's over TorchFT's
   own gloo group (the tree before).
 
@@ -108,15 +110,17 @@ def small_steps(args: argparse.Namespace) -> dict[str, list[float]]:
     return found
 
 
-def throughput(args: argparse.Namespace) -> dict[str, float]:
+def throughput(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, int]]:
     """Part B: median steps on three hosts, per collective, link as it is
-    and limited."""
+    and limited; and the bytes the hosts sent on their links in each job
+    (every process's: the ranks', the stores', the heartbeats')."""
     from phalanx_core.testing.hosts import TestBed
 
     work = argparse.Namespace(steps=args.steps, pad=0.0, every=1000, width=args.width)
     flags = ["--strategy", "ddp_ft", "--replica-groups", "3", "--devices", "1", "--num-nodes", "3"]
     flags += ["-o", "replica_timeout=120"]  # a step of 16 MB on a slow link takes seconds
     steps: dict[str, float] = {}
+    sent: dict[str, int] = {}
     jobs: list[tuple[str, str, Any]] = [("torch", "torch", None), ("compressed", "compressed", None)]
     if args.baseline_tree:  # TorchFT's own gloo group between the groups
         jobs.insert(1, ("torch (baseline tree)", "torch", baseline_env(args.baseline_tree)))
@@ -125,13 +129,17 @@ def throughput(args: argparse.Namespace) -> dict[str, float]:
             for host in bed.hosts:
                 bed.limit(host, rate)
             for name, collective, env in jobs:
+                before = sum(bed.bytes_sent(host) for host in bed.hosts)
                 run = Run([*flags, "--collective", collective], work, bed, env=env)
                 run.wait()
+                sent[f"{name} {rate or 'unlimited'}"] = (
+                    sum(bed.bytes_sent(host) for host in bed.hosts) - before
+                )
                 times = [s[4] for s in run.steps if s[0] == 0 and s[3]][3:]  # after the first steps
                 steps[f"{name} {rate or 'unlimited'}"] = statistics.median(
                     b - a for a, b in itertools.pairwise(times)
                 )
-    return steps
+    return steps, sent
 
 
 def main() -> None:
@@ -151,8 +159,9 @@ def main() -> None:
     if args.baseline_tree and not args.skip_kill:
         result["small_step_ms"] = small_steps(args)
     if not args.skip_throughput:
-        steps = throughput(args)
+        steps, sent = throughput(args)
         result["median_step_s"] = {k: round(v, 4) for k, v in steps.items()}
+        result["bytes_sent_per_job"] = sent
         result["throughput_compressed_over_torch"] = {
             link: round(steps[f"torch {link}"] / steps[f"compressed {link}"], 3)
             for link in ("unlimited", args.rate)
@@ -173,6 +182,11 @@ def main() -> None:
               f"(median {round(statistics.median(steps), 2)})")  # fmt: skip
     for name, step in result.get("median_step_s", {}).items():
         print(f"3 hosts, ddp_ft, width {args.width}, --collective {name}: median step {step} s")
+    for name, count in result.get("bytes_sent_per_job", {}).items():
+        print(
+            f"3 hosts, --collective {name}: {count / 1e6:.1f} MB sent on the hosts' links "
+            f"({args.steps} steps)"
+        )
     for link, ratio in result.get("throughput_compressed_over_torch", {}).items():
         print(f"throughput, compressed / torch, link {link}: {ratio}")
     for link, ratio in result.get("throughput_torch_over_baseline", {}).items():

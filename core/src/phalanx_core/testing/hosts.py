@@ -35,6 +35,7 @@ removes the namespaces and their ``/etc/netns`` folders.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -229,6 +230,14 @@ class TestBed:
             )
             if done.returncode != 0:
                 raise RuntimeError(f"tc in {namespace}: {done.stderr.strip()}")
+
+    def bytes_sent(self, host: Host) -> int:
+        """The bytes ``host`` has sent on its link since the bed was made
+        (its interface's own counter: every byte of every process, the
+        stores' and the heartbeats' too)."""
+        command = ["ip", "-n", host.namespace, "-j", "-s", "link", "show", "dev", host.interface]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+        return int(json.loads(done.stdout)[0]["stats64"]["tx"]["bytes"])
 
     def kill_all(self, host: Host) -> int:
         """SIGKILL every process of ``host`` at once, as a lost machine
