@@ -101,6 +101,7 @@ class FaultTolerant:
                 f"liveness and reconfigure (it lacks {', '.join(missing) or 'nothing, but is set up'}), "
                 "e.g. TorchCollective()"
             )
+        across.check_accelerator(self.accelerator)  # nccl between CPU groups: refused here
         #: The collective that carries the traffic between the replica
         #: groups: the same kind as :attr:`collective`, reconfigured at
         #: each quorum (see :mod:`._across`).

@@ -25,7 +25,11 @@ import torch.distributed as dist
 
 from phalanx_core import CollectiveConnectionError, Membership, MisconfigurationError
 
-__all__ = ["ABORTED", "BackendCalls", "form"]
+__all__ = ["ABORTED", "FORMED", "BackendCalls", "form"]
+
+#: The c10d backends a configuration's group is formed of (their public
+#: classes take a store, a rank and a size).
+FORMED = ("gloo", "nccl")
 
 
 def form(backend: str, membership: Membership, timeout: float) -> Any:

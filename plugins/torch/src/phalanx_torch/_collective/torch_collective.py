@@ -39,7 +39,7 @@ from .._torch_versions import gloo_connection_lines_hidden
 from .c10d_backends import bound_device, check_backend, check_backend_moves
 from .c10d_errors import left_barrier, translate
 from .c10d_store import StoreBoard, compare_plans, open_board, tcp_address
-from .configured import ABORTED, BackendCalls, form
+from .configured import ABORTED, FORMED, BackendCalls, form
 from .torch_work import TorchWork
 
 #: Set-ups of a default group in this process; every rank counts the same.
@@ -96,6 +96,9 @@ class TorchCollective(Collective):
                 f"TorchCollective(interface={interface!r}): give a network interface's name ('eth0')"
             )
         self._backend_flag = backend
+        if backend is not None and backend.lower() not in FORMED:
+            # A group of other members is formed by hand of gloo or nccl only.
+            self.fault_tolerance = frozenset({"liveness"})  # type: ignore[misc]
         self._interface = interface
         self._environment: ClusterEnvironment | None = None
         self._group: Any = None  # None: the default group
