@@ -216,7 +216,9 @@ def test_a_bad_across_is_refused_saying_why(third_party, strategy, options, mess
         ({"across": "torch", "across_options": {"backend": "ucc"}}, "lacks reconfigure"),
     ],
 )
-def test_a_collective_between_the_groups_that_cannot_serve_them_is_refused_by_name(third_party, options, message):
+def test_a_collective_between_the_groups_that_cannot_serve_them_is_refused_by_name(
+    third_party, options, message
+):
     with pytest.raises(Exception) as refused:  # noqa: PT011 - MisconfigurationError or UnavailableError
         phalanx.resolve("ddp_ft", accelerator="cpu", devices=1, launcher="fork", **options)
     assert message in str(refused.value), str(refused.value)
