@@ -39,13 +39,15 @@ THIRD_PARTY = (
 
 @pytest.fixture
 def third_party(phalanx_distribution):
-    """A third party's two collectives over torch's: one that declares
-    what ddp_ft needs, one that declares nothing."""
+    """A third party's two collectives over torch's, one that declares
+    what ddp_ft needs, one that declares nothing; and a registry made
+    after they were installed (the default one may be older)."""
     phalanx_distribution(
         "phalanx-thirdparty",
         entry_points={"thirdparty": "phalanx_thirdparty"},
         modules={"phalanx_thirdparty": THIRD_PARTY},
     )
+    return phalanx.Registry()
 
 
 def explain(*argv: str) -> tuple[int, str]:
@@ -103,7 +105,7 @@ def test_a_collective_without_the_capabilities_is_refused_naming_them(
     third_party, capsys, strategy, flags, lacking
 ):
     with pytest.raises(MisconfigurationError) as refused:
-        phalanx.plan(strategy, accelerator="cpu", devices=1, **flags)
+        third_party.plan(strategy, accelerator="cpu", devices=1, **flags)
     message = str(refused.value)
     assert (
         f"strategy {strategy!r} needs a collective with the capabilities liveness and reconfigure" in message
@@ -131,7 +133,7 @@ def test_a_ready_collective_without_them_is_refused_when_built(third_party):
     from phalanx_torch.collectives import SingleDeviceCollective
 
     with pytest.raises(MisconfigurationError, match="lacks liveness and reconfigure"):
-        phalanx.resolve(
+        third_party.resolve(
             "ddp_ft", accelerator="cpu", devices=1, collective=SingleDeviceCollective(), launcher="fork"
         )
 
@@ -140,7 +142,7 @@ def test_a_ready_collective_without_them_is_refused_when_built(third_party):
 def test_the_strategy_gets_a_second_collective_of_the_kind_named_for_between_the_groups(
     third_party, collective
 ):
-    strategy = phalanx.resolve(
+    strategy = third_party.resolve(
         "ddp_ft", accelerator="cpu", devices=1, collective=collective, launcher="fork", timeout=77
     )
     assert type(strategy.across) is type(strategy.collective)
@@ -164,7 +166,7 @@ def test_the_option_across_names_the_collective_between_the_groups_alone(third_p
     """One name for both by default; ``across=`` (with ``across_options``)
     for the link between the groups alone: the one users want compressed,
     while the ranks of a group talk over their fast link uncompressed."""
-    strategy = phalanx.resolve(
+    strategy = third_party.resolve(
         "ddp_ft",
         accelerator="cpu",
         devices=1,
@@ -203,7 +205,7 @@ def test_the_option_across_names_the_collective_between_the_groups_alone(third_p
 )
 def test_a_bad_across_is_refused_saying_why(third_party, strategy, options, message):
     with pytest.raises(Exception) as refused:  # noqa: PT011 - MisconfigurationError or UnknownNameError
-        phalanx.plan(strategy, accelerator="cpu", devices=1, **options)
+        third_party.plan(strategy, accelerator="cpu", devices=1, **options)
     assert message in str(refused.value), str(refused.value)
 
 
@@ -220,5 +222,5 @@ def test_a_collective_between_the_groups_that_cannot_serve_them_is_refused_by_na
     third_party, options, message
 ):
     with pytest.raises(Exception) as refused:  # noqa: PT011 - MisconfigurationError or UnavailableError
-        phalanx.resolve("ddp_ft", accelerator="cpu", devices=1, launcher="fork", **options)
+        third_party.resolve("ddp_ft", accelerator="cpu", devices=1, launcher="fork", **options)
     assert message in str(refused.value), str(refused.value)
