@@ -5,6 +5,7 @@ of network namespaces (CPU, gloo).
     python bench/ddp_ft.py [--groups 3] [--steps 60] [--pad 0.25] [--kill-at 25] [--every 10]
                            [--heartbeat-timeout 1.0] [--replica-timeout 10] [--hosts N [--cut]]
                            [--own-loader] [--json]
+    python bench/ddp_ft.py --loader-workers 0,2,4 [--repeat 3] [--baseline-tree DIR] [--json]
 
 With ``--hosts N`` (root and iproute2; ``--groups`` is then N: one group,
 or one ``ddp`` rank, a host), the kill is of every process of host 1 (as a
@@ -36,6 +37,11 @@ in its all-reduce). Four jobs, one after the other:
   lighthouse on host 0 with the same heartbeat timeout), host 1 killed once
   group 0 has committed ``--kill-at`` steps: the survivors' longest gap and
   steps not committed, beside ``ddp_ft``'s.
+
+With ``--loader-workers 0,2,4`` only the ``ddp_ft`` kill runs, ``--repeat``
+times for each ``num_workers`` of the workload's ``DataLoader``: the
+survivors' longest gap, and how long the killed rank's loader workers
+(its child processes, read from ``/proc`` before the kill) outlived it.
 
 This prints; it asserts nothing.
 """
@@ -76,6 +82,8 @@ class Run:
             workload.append("own")
         if getattr(args, "width", None):
             workload.append(f"width={args.width}")
+        if getattr(args, "workers", None):
+            workload.append(f"workers={args.workers}")
         env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"}
         options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
         options.update(env=env, cwd=self.folder)
@@ -147,8 +155,14 @@ def main() -> None:
     parser.add_argument("--cut", action="store_true", help="with --hosts: cut host 1 off the network instead")
     parser.add_argument("--replica-timeout", type=float, default=10.0, help="ddp_ft's (seconds)")
     parser.add_argument("--own-loader", action="store_true", help="ddp_ft's jobs without setup_dataloader")
+    parser.add_argument("--loader-workers", help="only the ddp_ft kill, with these num_workers: 0,2,4")
+    parser.add_argument("--repeat", type=int, default=3, help="with --loader-workers: runs of each")
+    parser.add_argument("--baseline-tree", type=Path, help="with --loader-workers: a checkout to compare")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.loader_workers is not None:
+        loader_stalls(args)
+        return
     if args.hosts is None:
         if args.cut:
             parser.error("--cut needs --hosts")
@@ -159,6 +173,104 @@ def main() -> None:
     args.groups = args.hosts
     with TestBed(args.hosts, subnet="192.168.82") as bed:
         measure(args, bed)
+
+
+def tree_path(tree: Path) -> str:
+    """PYTHONPATH for the source folders of the phalanx checkout ``tree``
+    (they then come before the installed ones)."""
+    folders = [tree / "core" / "src", tree / "registry" / "src"]
+    folders += sorted(p for p in (tree / "plugins").glob("*/src") if p.is_dir())
+    return os.pathsep.join(str(folder) for folder in folders)
+
+
+def survivors_gap(run: Run, killed: float) -> float:
+    """The longest gap between two committed steps of a group that was not
+    killed, from its last one before the kill to its end."""
+    gaps = []
+    survivors = [s for s in run.steps if s[0] != 1]
+    for group in {s[0] for s in survivors}:
+        times = [s[4] for s in survivors if s[0] == group and s[3]]
+        before = [t for t in times if t < killed][-1:]
+        after = before + [t for t in times if t >= killed]
+        gaps.append(max(b - a for a, b in itertools.pairwise(after)))
+    return max(gaps)
+
+
+def baseline_env(tree: Path) -> dict[str, str]:
+    """This process's environment with the checkout ``tree`` first on the path."""
+    path = os.pathsep.join(filter(None, [tree_path(tree), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and has not exited: a zombie
+    waits only to be reaped, its sockets closed)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def loader_stalls(args: argparse.Namespace) -> None:
+    """``--loader-workers``: the ``ddp_ft`` kill alone, for each count of
+    loader workers, ``--repeat`` times (alternating with the checkout of
+    ``--baseline-tree``, where given)."""
+    counts = [int(n) for n in args.loader_workers.split(",")]
+    flags = ["--strategy", "ddp_ft", "--replica-groups", str(args.groups), "--devices", "1"]
+    flags += ["-o", f"heartbeat_timeout={args.heartbeat_timeout}", "--max-restarts", "1"]
+    trees: dict[str, dict[str, str] | None] = {"this tree": None}
+    if args.baseline_tree:
+        trees = {"baseline tree": baseline_env(args.baseline_tree), **trees}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {tree: {} for tree in trees}
+    for workers in counts:
+        for _ in range(args.repeat):
+            for tree, env in trees.items():
+                args.workers = workers
+                run = Run(flags, args, env=env)
+                while not any(s[0] == 0 and s[2] >= args.kill_at for s in run.steps):
+                    if run.process.poll() is not None:
+                        raise RuntimeError(f"the job ended before the kill ({tree}, {run.folder})")
+                    time.sleep(0.01)
+                victim = next(s[1] for s in reversed(run.steps) if s[0] == 1)
+                left = children(victim)
+                os.kill(victim, signal.SIGKILL)
+                killed = time.monotonic()
+                outlived = 0.0
+                while left:
+                    left = [pid for pid in left if running(pid)]
+                    outlived = time.monotonic() - killed
+                    time.sleep(0.005)
+                run.wait()
+                results[tree].setdefault(workers, []).append(
+                    {"longest_gap_s": round(survivors_gap(run, killed), 3), "outlived_s": round(outlived, 3)}
+                )
+    if args.json:
+        print(json.dumps({"heartbeat_timeout_s": args.heartbeat_timeout, "runs": results}, indent=2))
+        return
+    print(
+        f"ddp_ft, {args.groups} groups of 1 rank, heartbeat_timeout {args.heartbeat_timeout} s, step padded "
+        f"{args.pad} s, group 1's rank killed after group 0's step {args.kill_at} (CPU, one host)"
+    )
+    for tree, by_count in results.items():
+        for workers, runs in by_count.items():
+            gaps = ", ".join(f"{r['longest_gap_s']:.2f}" for r in runs)
+            outlived = ", ".join(f"{r['outlived_s']:.2f}" for r in runs)
+            print(
+                f"{tree}, num_workers={workers}: survivors' longest gap {gaps} s; "
+                f"the killed rank's children outlived it by {outlived} s"
+            )
 
 
 def measure(args: argparse.Namespace, bed: Any) -> None:
@@ -175,12 +287,7 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
     killed, _ = ft.kill_at(1, args.kill_at, args.cut)
     ft.wait(lost)
     survivors = [s for s in ft.steps if s[0] != 1]
-    gaps = []
-    for group in {s[0] for s in survivors}:
-        times = [s[4] for s in survivors if s[0] == group and s[3]]
-        before = [t for t in times if t < killed][-1:]
-        after = before + [t for t in times if t >= killed]
-        gaps.append(max(b - a for a, b in itertools.pairwise(after)))
+    gap = survivors_gap(ft, killed)
     # Each survivor's steps not committed after the kill (one a survivor, not their sum).
     not_committed = [
         sum(1 for s in survivors if s[0] == group and s[4] >= killed and not s[3])
@@ -213,11 +320,11 @@ def measure(args: argparse.Namespace, bed: Any) -> None:
         "groups": args.groups,
         "pad_s": args.pad,
         "heartbeat_timeout_s": args.heartbeat_timeout,
-        "ddp_ft_survivor_longest_gap_s": round(max(gaps), 3),
+        "ddp_ft_survivor_longest_gap_s": round(gap, 3),
         "ddp_ft_survivor_steps_not_committed": not_committed,
         "ddp_max_restarts_kill_to_next_step_s": round(next_step - killed_ddp, 3),
         "ddp_max_restarts_steps_done_again": redone,
-        "gap_ratio_ddp_ft_to_ddp": round(max(gaps) / (next_step - killed_ddp), 3),
+        "gap_ratio_ddp_ft_to_ddp": round(gap / (next_step - killed_ddp), 3),
         "step_s_ddp_ft": round(step_ft, 4),
         "step_s_ddp": round(step_ddp, 4),
         "throughput_ratio_ddp_ft_to_ddp": round(step_ddp / step_ft, 3),

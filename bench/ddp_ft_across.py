@@ -42,34 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_ft import Run
-
-
-def tree_path(tree: Path) -> str:
-    """PYTHONPATH for the source folders of the phalanx checkout ``tree``
-    (they then come before the installed ones)."""
-    folders = [tree / "core" / "src", tree / "registry" / "src"]
-    folders += sorted(p for p in (tree / "plugins").glob("*/src") if p.is_dir())
-    return os.pathsep.join(str(folder) for folder in folders)
-
-
-def survivors_gap(run: Run, killed: float) -> float:
-    """The longest gap between two committed steps of a group that was not
-    killed, from its last one before the kill to its end."""
-    gaps = []
-    survivors = [s for s in run.steps if s[0] != 1]
-    for group in {s[0] for s in survivors}:
-        times = [s[4] for s in survivors if s[0] == group and s[3]]
-        before = [t for t in times if t < killed][-1:]
-        after = before + [t for t in times if t >= killed]
-        gaps.append(max(b - a for a, b in itertools.pairwise(after)))
-    return max(gaps)
-
-
-def baseline_env(tree: Path) -> dict[str, str]:
-    """This process's environment with the checkout ``tree`` first on the path."""
-    path = os.pathsep.join(filter(None, [tree_path(tree), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path}
+from ddp_ft import Run, baseline_env, survivors_gap
 
 
 def kill_gaps(args: argparse.Namespace) -> dict[str, list[float]]:

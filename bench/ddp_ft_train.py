@@ -4,12 +4,13 @@ padded step, one line per step. Under ``ddp_ft`` the step is TorchFT's (``curren
 committed or not); under any other strategy it counts itself and saves a
 checkpoint every ``EVERY`` steps, from which a restarted job resumes.
 
-    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY [own] [width=N]
+    phalanx run ... bench/ddp_ft_train.py OUT STEPS PAD EVERY [own] [width=N] [workers=N]
 
 ``own``: the script's own ``DataLoader`` instead of ``setup_dataloader``'s
 (every group reads the same batches; the quorum is then awaited in the
 step's all-reduce, not before its batch). ``width=N``: the hidden layer's
 width (256 by default; the gradients are about 66 * N float32).
+``workers=N``: the ``DataLoader``'s ``num_workers`` (0 by default).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from phalanx_core import CheckpointDirectory
 
 out, steps, pad, every = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 own = "own" in sys.argv[5:]
-width = next((int(a.split("=", 1)[1]) for a in sys.argv[5:] if a.startswith("width=")), 256)
+options = dict(a.split("=", 1) for a in sys.argv[5:] if "=" in a)
+width, workers = int(options.get("width", 256)), int(options.get("workers", 0))
 strategy = phalanx.resolve()
 strategy.launch()
 ft = hasattr(strategy, "replica_group")
@@ -35,7 +37,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
 model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
 samples = TensorDataset(torch.randn(32 * 1000, 64, generator=torch.Generator().manual_seed(0)))
-loader = DataLoader(samples, batch_size=32, shuffle=True)
+loader = DataLoader(samples, batch_size=32, shuffle=True, num_workers=workers)
 loader = loader if own else strategy.setup_dataloader(loader)
 batches = iter(loader)
 checkpoints = CheckpointDirectory(out / "ckpt", keep=2)

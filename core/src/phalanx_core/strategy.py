@@ -44,9 +44,46 @@ if TYPE_CHECKING:
     from .environment import ClusterEnvironment
     from .precision import Precision
 
-__all__ = ["Strategy", "teardown_kept_ranks"]
+__all__ = ["MissingAttributeError", "Strategy", "set_attribute_hint", "teardown_kept_ranks"]
 
 T = TypeVar("T")
+
+
+#: Set by the registry as it is imported: what a :class:`MissingAttributeError`
+#: adds to its words (``hint(strategy, name)``: which installed strategies
+#: have the attribute, and how to run one of them).
+_attribute_hint: Callable[[Any, str], str] | None = None
+
+
+def set_attribute_hint(hint: Callable[[Any, str], str] | None) -> None:
+    """Who adds to the words of a :class:`MissingAttributeError` (the
+    registry, which knows the installed strategies)."""
+    global _attribute_hint
+    _attribute_hint = hint
+
+
+class MissingAttributeError(AttributeError):
+    """A strategy lacks a public attribute: the error names the strategy
+    and, where the registry can tell, which installed strategies have it and
+    how to run one. The words are made only when the error is shown
+    (``hasattr`` never pays for them)."""
+
+    def __init__(self, strategy: Any, name: str) -> None:
+        super().__init__(name, name=name, obj=strategy)
+        self._strategy = strategy
+        self._name = name
+
+    def __str__(self) -> str:
+        strategy, name = self._strategy, self._name
+        plan = vars(strategy).get("plan")
+        called = getattr(getattr(plan, "strategy", None), "name", None) or type(strategy).__qualname__
+        words = f"strategy {called!r} ({type(strategy).__qualname__}) has no attribute {name!r}"
+        if name.startswith("_") or _attribute_hint is None:
+            return words
+        try:
+            return words + _attribute_hint(strategy, name)
+        except Exception:  # noqa: BLE001 - the words of an error: never a second error
+            return words
 
 
 def _this_script() -> list[str] | None:
@@ -169,6 +206,13 @@ class Strategy(CollectiveCalls):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         watch_methods(cls, _WATCHED, OPERATIONS)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for what the class and the instance lack: an error that says
+        # which strategy this is and, where the registry can tell, which
+        # installed strategies have it (a script written for ddp_ft run
+        # with plain python resolves another strategy).
+        raise MissingAttributeError(self, name)
 
     def __init__(
         self,

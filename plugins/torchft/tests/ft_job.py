@@ -108,6 +108,16 @@ SCRIPT = textwrap.dedent(
     loader = strategy.setup_dataloader(DataLoader(Samples(), batch_size=2, shuffle=True, num_workers=workers))
     local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # hsdp_ft: this rank's shard
     batches = iter(loader)
+    if (out / "epoch-loop").exists():  # a DDP script's epoch loop, set_epoch and all
+
+        def epochs():
+            epoch = 0
+            while True:
+                loader.set_epoch(epoch)
+                yield from loader
+                epoch += 1
+
+        batches = epochs()
     where = f"group={strategy.replica_group} rank={strategy.global_rank} pid={os.getpid()}"
     # Each line also in a file of this process's: what a kill of the
     # processes that relay the output (a whole host) leaves unsaid is there.
@@ -186,6 +196,7 @@ class Job:
         stall_at: tuple[int, int, int] | None = None,
         fsdp_options: bool = False,
         workers: int = 0,
+        epoch_loop: bool = False,
         hosts: Sequence[Any] = (),
         port: int = 29640,
         launch: Sequence[str] = (),
@@ -202,6 +213,8 @@ class Job:
             (self.out / "stall-at").write_text(" ".join(map(str, stall_at)))
         if workers:  # the DataLoader's num_workers
             (self.out / "workers").write_text(str(workers))
+        if epoch_loop:  # for epoch in count(): loader.set_epoch(epoch); for batch in loader: ...
+            (self.out / "epoch-loop").write_text("")
         if fsdp_options:  # shard each Linear, bf16 parameters, offloaded to CPU memory
             (self.out / "fsdp-options").write_text("")
         self.lines: list[str] = []
@@ -439,6 +452,27 @@ class Job:
             int(path.name.split("-")[0][len("group") :]): torch.load(path)
             for path in sorted(self.out.glob("group*-rank0-*.pt"))
         }
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: exists and has not exited (a zombie
+    only waits to be reaped; its sockets are closed)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def ranks_of(job: Job, group: int, rank: int) -> list[int]:

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job, a_late_group_once_the_job_has_finished, ranks_of
+from ft_job import Job, a_late_group_once_the_job_has_finished, children, ranks_of, running
 from phalanx_torchft.launcher import ReplicaGroupsLauncher
 
 import phalanx
@@ -65,7 +65,11 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     # (shard_modules), bf16 parameters with float32 reductions (mp_policy),
     # parameters and optimizer state in CPU memory (cpu_offload).
     # ddp_ft-1-loader-workers: the DataLoader's 2 workers read the steps
-    # ahead; the kill and the return change the steps' samples.
+    # ahead; the kill and the return change the steps' samples. Its script
+    # loops over epochs as a DDP script does (loader.set_epoch(epoch)), and
+    # group 1 is killed in epoch 1: started again, its script is at
+    # set_epoch(0) when it heals into epoch 1.
+    park_at = 23 if workers else 10
     job = Job(
         tmp_path,
         "--devices",
@@ -76,20 +80,23 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         "1",
         *(["--option", collective] if collective.startswith("across=") else ["--collective", collective]),
         strategy=strategy,
-        park_at=10,
+        park_at=park_at,
         fsdp_options=fsdp_options,
         workers=workers,
+        epoch_loop=bool(workers),
     )
-    # Group 1's rank 0 stops at step 10 with its batch in hand; killed there.
+    # Group 1's rank 0 stops at step park_at with its batch in hand; killed there.
     victim_file = job.out / "victim"
-    job.wait_for(victim_file.exists, "group 1 at step 10")
+    job.wait_for(victim_file.exists, f"group 1 at step {park_at}")
     victim = int(victim_file.read_text())
+    left = children(victim)  # its loader workers, if any
+    assert len(left) == workers, left
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     job.wait_for(lambda: len(job.pids(1)) == 2, "group 1 training again")
-    # Into the second epoch (20 steps of 3 groups of one rank), however
+    # Into the next epoch (20 steps of 3 groups of one rank), however
     # soon group 1 came back.
-    job.stop_after(10, at_least=30)
+    job.stop_after(10, at_least=park_at + 20)
     assert job.finish() == 0, "".join(job.lines)
     output = "".join(job.lines)
 
@@ -99,6 +106,18 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     assert "replica group 1 failed (a rank was killed by SIGKILL)" in output
     assert "starting it again (1 of 1); the other groups go on" in output
     assert not alive(victim)
+    if workers:
+        # Its loader workers, which held its sockets open (and the
+        # survivors in their all-reduce with it until they exited), were
+        # ended with it by its group's launcher.
+        assert f"rank 0 failed and left {workers} process(es) of its own running" in output, output
+        assert not [pid for pid in left if running(pid)], left
+        # The script's epoch loop: group 1 healed into a later epoch (1 or,
+        # back late, 2) while its script was at set_epoch(0), and went on
+        # from there (the epochs' samples below: each once).
+        joined = re.search(r"replica group 1 joined the job in epoch (\d+) \(healed from its peers\) while its "
+                           r"script is at set_epoch\(0\)", output)  # fmt: skip
+        assert joined and int(joined[1]) >= 1, output
 
     # They went on without group 1, and took it back.
     after = [s for s in job.steps if s[0] == 0 and s[6] > killed_at]
@@ -145,7 +164,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         assert set(across["calls"]) <= {wire, "uint8", "int64"}, across
         assert across["calls"][wire] >= 5, across  # a step each (the restarted group: from its return)
         assert across["sizes"][wire] == {size // ratio for size in across["given"]}, across
-    assert ends[1]["loads"][0] >= 10
+    assert ends[1]["loads"][0] >= park_at
     for group in (0, 2):
         assert len(ends[group]["loads"]) <= 2, ends[group]["loads"]
     assert not job.diverged(), job.diverged()  # every step's committers alike after it

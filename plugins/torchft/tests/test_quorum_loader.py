@@ -36,6 +36,7 @@ class Rank:
         self.replica_group, self.global_rank = group, rank
         self.world_size, self.replica_groups = RANKS, GROUPS
         self.basis = (0, 0)
+        self.name = "ddp_ft"
 
     def _open_step(self) -> None:
         pass
@@ -145,3 +146,98 @@ def test_a_checkpoint_giving_back_samples_the_dataset_has_not_is_refused_with_wh
     state = {"epoch": 0, "position": 12, "samples": SAMPLES, "given_back": [3, SAMPLES + 7]}
     with pytest.raises(MisconfigurationError, match=r"gives back samples \[107\].*same data"):
         loader.load_state_dict(state)
+
+
+def one_group_loader() -> tuple[Rank, QuorumLoader]:
+    strategy = Rank(0, 0)
+    strategy.world_size, strategy.basis = 1, (1, 0)
+    return strategy, QuorumLoader(strategy, DataLoader(Samples(), batch_size=10, shuffle=True), move=False)
+
+
+def an_epoch(loader: QuorumLoader) -> list[int]:
+    """Iterate the loader once as a DDP loop does, each step committed."""
+    seen = []
+    for batch in loader:
+        seen += [int(i) for i in batch]
+        loader._settle(True, 1, frozenset({0}))
+    return seen
+
+
+def test_set_epoch_in_a_ddp_loop_keeps_the_jobs_epoch():
+    # The usual loop: each epoch every sample once, in DistributedSampler's
+    # order for that epoch (seed 0 + epoch).
+    _, loader = one_group_loader()
+    orders = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        seen = an_epoch(loader)
+        assert sorted(seen) == list(range(SAMPLES)), epoch
+        orders.append(seen)
+        assert loader.epoch == epoch + 1
+    expected = [
+        torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(e)).tolist() for e in range(3)
+    ]
+    assert orders == expected
+
+
+def test_a_group_that_heals_into_a_later_epoch_skips_the_epochs_its_script_is_behind(capsys):
+    # A group started again runs its script from the top (set_epoch(0)),
+    # and its first step heals it into the job's place: epoch 2, 40 samples in.
+    _, peer = one_group_loader()
+    peer.set_epoch(2)
+    batches = iter(peer)
+    for _ in range(4):
+        next(batches)
+        peer._settle(True, 1, frozenset({0}))
+    _, healed = one_group_loader()
+    trained: dict[int, list[int]] = {}
+    for epoch in range(4):
+        healed.set_epoch(epoch)
+        for batch in healed:
+            if not trained and healed.epoch == 0:  # its first step: healed, its batch not trained
+                healed._heal(peer.state_dict())
+                healed._settle(True, 1, frozenset({0}))
+                continue
+            trained.setdefault(epoch, []).extend(int(i) for i in batch)
+            healed._settle(True, 1, frozenset({0}))
+    # Epochs 0 and 1 of the script gave no batch; epoch 2 the job's rest of
+    # it (after the step it healed in, which its peers committed), epoch 3 all of it.
+    assert sorted(trained) == [2, 3]
+    order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(2)).tolist()
+    assert trained[2] == order[50:]
+    assert sorted(trained[3]) == list(range(SAMPLES))
+    assert "joined the job in epoch 2" in capsys.readouterr().err
+
+
+def test_set_epoch_ahead_starts_that_epoch_but_not_in_the_middle_of_one():
+    from phalanx_core import MisconfigurationError
+
+    _, loader = one_group_loader()
+    loader.set_epoch(1)  # a loop numbering its epochs from 1
+    assert loader.epoch == 1
+    next(iter(loader))
+    loader._settle(True, 1, frozenset({0}))
+    with pytest.raises(
+        MisconfigurationError, match=r"set_epoch\(2\).*epoch 1 is under way.*to the epoch's end"
+    ):
+        loader.set_epoch(2)
+    with pytest.raises(MisconfigurationError, match="expected an int"):
+        loader.set_epoch(-1)
+
+
+def test_a_distributed_sampler_is_refused_saying_to_drop_it_and_shuffle():
+    from torch.utils.data.distributed import DistributedSampler
+    from torchft.data import DistributedSampler as TorchFTSampler
+
+    from phalanx_core import MisconfigurationError
+
+    samplers = {
+        "torch": DistributedSampler(Samples(), num_replicas=2, rank=0, shuffle=False),
+        "torchft": TorchFTSampler(
+            Samples(), replica_rank=0, num_replica_groups=2, group_rank=0, num_replicas=1
+        ),
+    }
+    for which, sampler in samplers.items():
+        shuffle = "False" if which == "torch" else "True"
+        with pytest.raises(MisconfigurationError, match=rf"Drop sampler= .* pass shuffle={shuffle}"):
+            QuorumLoader(Rank(0, 0), DataLoader(Samples(), batch_size=BATCH, sampler=sampler))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import os
 from typing import Any
 
 from phalanx_core import (
@@ -13,9 +15,10 @@ from phalanx_core import (
     Strategy,
 )
 from phalanx_core.specs import Kind, StrategySpec
+from phalanx_core.strategy import set_attribute_hint
 
 from ._entry import Catalog, Entry
-from ._flags import INTERFACES
+from ._flags import INTERFACES, RUN_FLAGS_VAR
 from ._plan import Choice, Plan
 from ._resolve import ACROSS_OPTIONS, _check_external_world, _external_world, runs_per_node
 from ._similar import close_matches as _close_matches
@@ -212,6 +215,34 @@ def _check_built_capabilities(spec: StrategySpec, choice: Choice, collective: An
         )
 
 
+def _attribute_hint(registry: Catalog, strategy: Any, name: str) -> str:
+    """What :class:`~phalanx_core.strategy.MissingAttributeError` adds: the
+    installed strategies whose class has ``name``, and how to run one (a
+    script written for one of them run with plain ``python`` resolved
+    another). Imports the strategies' classes: only when the error is shown."""
+    plan = vars(strategy).get("plan")
+    chosen = getattr(getattr(plan, "strategy", None), "name", None)
+    owners = []
+    for entry in registry.entries("strategy"):
+        try:
+            target = entry.load()
+        except Exception:  # noqa: BLE001 - a plugin that cannot load has nothing to offer here
+            continue
+        if entry.name != chosen and hasattr(target, name):
+            owners.append(entry.name)
+    if not owners:
+        return ""
+    words = f"; {', '.join(owners)} {'have' if len(owners) > 1 else 'has'} it"
+    reason = str(getattr(getattr(plan, "strategy", None), "reason", ""))
+    if not os.environ.get(RUN_FLAGS_VAR) and reason.startswith("auto"):
+        return words + (
+            f". This process was not started by phalanx run, and phalanx.resolve() was given no "
+            f"strategy name, so it chose {chosen!r}: start the script with phalanx run --strategy "
+            f"{owners[0]} [options] script.py (see phalanx run --help), or name the strategy in resolve()"
+        )
+    return words + f": resolve {owners[0]!r} (phalanx run --strategy {owners[0]})"
+
+
 def build(registry: Catalog, plan: Plan) -> Strategy:
     """Import the chosen targets and construct the parts in order; each
     part validates itself in its constructor."""
@@ -293,4 +324,5 @@ def build(registry: Catalog, plan: Plan) -> Strategy:
         num_nodes=plan.num_nodes,
     )
     strategy.plan = plan
+    set_attribute_hint(functools.partial(_attribute_hint, registry))
     return strategy

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -98,6 +99,8 @@ class QuorumLoader:
         self._rolled = False  # the epoch ended in this iteration
         #: Steps whose batch the workers had read for other samples, read again.
         self.rereads = 0
+        self._asked: int | None = None  # the script's epoch (set_epoch), until it ends or is found behind
+        self._behind_said = False
         self._reader = _Reader(self, loader) if loader.num_workers > 0 else None
 
     # -- the training loop's side ---------------------------------------------
@@ -116,16 +119,45 @@ class QuorumLoader:
         return -(-(len(self.dataset) - self.position + len(self.given_back)) // step)
 
     def set_epoch(self, epoch: int) -> None:
-        raise MisconfigurationError(
-            f"loader.set_epoch({epoch}) under 'ddp_ft': the loader keeps the job's epoch itself "
-            "(loader.epoch; a group that heals takes it from its peers, where a script's own count "
-            "would start again at 0). Leave set_epoch out and loop with "
-            "'while loader.epoch < epochs: for batch in loader: ...'"
-        )
+        """What ``DistributedSampler.set_epoch`` is in a DDP script's epoch
+        loop (``for epoch in range(start, epochs): loader.set_epoch(epoch);
+        for batch in loader: ...``), kept to the job's epoch, which the
+        loader holds (:attr:`epoch`; a group that heals takes it from its
+        peers):
+
+        * ``epoch`` is the job's: nothing changes.
+        * ``epoch`` is behind the job's (a group that was started again
+          runs its script from the top, and heals into a later epoch): the
+          next iteration gives no batch, so the loop comes to the job's
+          epoch at once and trains the rest of it with the others.
+        * ``epoch`` is ahead, before any sample of the job's epoch was
+          dealt (the script numbers its epochs from 1, or resumed at an
+          epoch of its own): the job's epoch becomes ``epoch`` (its order is
+          shuffled with seed ``epoch``, as ``DistributedSampler`` would).
+          Ahead in the middle of an epoch is refused: the groups could not
+          agree where the epoch ended.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise MisconfigurationError(f"loader.set_epoch({epoch!r}): expected an int of at least 0")
+        if epoch > self.epoch:
+            if self.position or self.given_back or self._pending:
+                raise MisconfigurationError(
+                    f"loader.set_epoch({epoch}) under {self._strategy.name!r} while the job's epoch "
+                    f"{self.epoch} is under way ({self.position} of its {len(self.dataset)} samples "
+                    "trained): the groups deal each epoch to its end, and a loop that leaves an epoch "
+                    "early would leave it at a different step in each group. Iterate the loader to "
+                    "the epoch's end, or give set_epoch the epoch the loader is in (loader.epoch)"
+                )
+            self.epoch = epoch
+        self._asked = epoch
 
     def _next(self) -> Any | None:
         if self._rolled:
             self._rolled = False
+            return None
+        if self._asked is not None and self._asked < self.epoch:  # healed into a later epoch
+            asked, self._asked = self._asked, None
+            self._say_behind(asked)
             return None
         strategy = self._strategy
         back, start = self._after_pending()
@@ -146,6 +178,21 @@ class QuorumLoader:
         else:
             batch = self._collate([self.dataset[i] for i in share])
         return strategy.batch_to_device(batch) if self._move else batch
+
+    def _say_behind(self, asked: int) -> None:
+        """Once per process: the script's epoch loop is behind the job's,
+        and its iterations give nothing until they meet."""
+        if self._behind_said:
+            return
+        self._behind_said = True
+        strategy = self._strategy
+        if strategy.global_rank == 0:
+            sys.stderr.write(
+                f"phalanx: replica group {strategy.replica_group} joined the job in epoch {self.epoch} "
+                f"(healed from its peers) while its script is at set_epoch({asked}): the loader gives no "
+                f"batch until the script's loop reaches epoch {self.epoch}\n"
+            )
+            sys.stderr.flush()
 
     # -- the step's verdict (from the strategy) ---------------------------------
 
@@ -172,6 +219,7 @@ class QuorumLoader:
 
     def _end_epoch(self) -> None:
         self.epoch += 1
+        self._asked = None  # the script's epoch was dealt to its end; its next set_epoch tells the next
         self.position = 0
         self.given_back = []
         self._pending.clear()
@@ -345,7 +393,18 @@ def _check(loader: Any) -> None:
     elif loader.batch_size is None or type(loader.batch_sampler).__name__ != "BatchSampler":
         why = f"it has a batch_sampler of its own ({type(loader.batch_sampler).__name__})"
     elif type(loader.sampler).__name__ not in ("RandomSampler", "SequentialSampler"):
-        why = f"it has a sampler of its own ({type(loader.sampler).__name__})"
+        sampler = loader.sampler
+        why = f"it has a sampler of its own ({type(sampler).__module__}.{type(sampler).__name__})"
+        if hasattr(sampler, "num_replicas") or "Distributed" in type(sampler).__name__:
+            # torch's DistributedSampler, TorchFT's (torchft.data), or one like them.
+            shuffle = bool(getattr(sampler, "shuffle", True))
+            raise MisconfigurationError(
+                f"setup_dataloader() under 'ddp_ft': this DataLoader has {why}, which splits the "
+                "data over a fixed set of ranks; ddp_ft deals each step's samples over the groups "
+                "in that step instead (a lost group's samples go to the others). Drop sampler= "
+                f"from the DataLoader and pass shuffle={shuffle} (the epoch's order is then "
+                "DistributedSampler's with seed 0, set_epoch as in a DDP script)"
+            )
     if why is not None:
         raise MisconfigurationError(
             f"setup_dataloader() under 'ddp_ft' deals each step's samples out over the groups in the "

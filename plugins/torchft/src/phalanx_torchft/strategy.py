@@ -619,9 +619,11 @@ def _quieten_torchft() -> None:
     """TorchFT's own lines that say nothing to a ``ddp_ft`` user: the NCCL
     flight recorder it cannot reset (the groups talk over gloo, which has
     none; said at every new quorum), torch's warnings on the bytes of a
-    healing transfer (read-only; a pytree spec's deprecated class); and the tracebacks of its failed steps,
-    whose message line (kept) already says what failed: the traceback is
-    TorchFT's wait on the collective."""
+    healing transfer (read-only; a pytree spec's deprecated class); and the
+    tracebacks of its failed steps. A survivor's lost peer is one line: its
+    message's first line (phalanx's error says what failed and where), not
+    the traceback TorchFT logs with it, nor the Python stack (``At: ...``)
+    or C++ frames a future's error carries in its message."""
     import logging
     import warnings
 
@@ -631,13 +633,27 @@ def _quieten_torchft() -> None:
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", module=r"torchft\."
     )
 
-    def keep(record: logging.LogRecord) -> bool:
-        if "Unable to reset NCCL flight recorder" in record.getMessage():
-            return False
-        record.exc_info = record.exc_text = None
-        return True
+    for name in _TORCHFT_LOGGERS:
+        logger = logging.getLogger(name)
+        if _one_line not in logger.filters:
+            logger.addFilter(_one_line)
 
-    logging.getLogger("torchft.manager").addFilter(keep)
+
+def _one_line(record: Any) -> bool:
+    """A TorchFT log record as one line, or ``False`` for one that says
+    nothing to a user (see :func:`_quieten_torchft`)."""
+    text = record.getMessage()
+    if "Unable to reset NCCL flight recorder" in text:
+        return False
+    record.msg, record.args = text.strip().split("\n", 1)[0].replace(_CALLBACK_WORDS, ""), ()
+    record.exc_info = record.exc_text = record.stack_info = None
+    return True
+
+
+#: The loggers of TorchFT's that log a failed step's error (with its traceback).
+_TORCHFT_LOGGERS = ("torchft.manager", "torchft.process_group", "torchft.checkpointing.pg_transport")
+#: What torch puts before an error raised in a future's callback.
+_CALLBACK_WORDS = "Got the following error when running the callback: "
 
 
 def _shards(state: Any) -> Any:

@@ -35,7 +35,7 @@ from .._nodes.ledger import JobLedger, StopRequested
 from .failures import lost_words, say, say_restart
 from .ranks import RESULTS_DIR_VAR
 
-__all__ = ["SIGNALS", "RankLoop", "rank_env", "signals_variable"]
+__all__ = ["SIGNALS", "RankLoop", "end_what_they_left", "rank_env", "signals_variable"]
 
 #: The signals that stop the ranks and end the launching process (elastic's
 #: process layer installs a handler for each as it starts the ranks, which
@@ -107,6 +107,43 @@ def rank_env(
         if name in os.environ:
             env[name] = os.environ[name]
     return env
+
+
+def end_what_they_left(failures: dict[int, Any]) -> dict[int, int]:
+    """SIGKILL what each failed rank left running in its process group
+    (elastic starts each rank as a group's leader): its DataLoader's
+    workers, anything it forked. They hold copies of the rank's sockets,
+    so its peers in a collective would hear of its end only when the last
+    of them exits (a loader worker checks that its parent lives every 5 s):
+    ended here, at once, a peer's error comes as the rank dies. How many
+    were ended, by the failed ranks' local ranks (those that left any).
+
+    Elastic's own stop signals only the groups of ranks still running. A
+    process the rank started in a session of its own is not reached."""
+    ended = {}
+    for local, failure in failures.items():
+        pid = getattr(failure, "pid", None)
+        if not isinstance(pid, int) or pid <= 0:
+            continue
+        left = _group_members(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        if left:
+            ended[int(local)] = left
+    return ended
+
+
+def _group_members(group: int) -> int:
+    """How many running processes are in process group ``group``."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(group) and fields[0] != "Z":
+            count += 1
+    return count
 
 
 class RankLoop:
@@ -276,6 +313,14 @@ class RankLoop:
             lost = self.heartbeat.lost if self.heartbeat is not None and result is None else None
             if result is not None and not result.is_failed():
                 return None
+            if result is not None:
+                for local, count in end_what_they_left(result.failures).items():
+                    say(
+                        self.who,
+                        f"rank {self.first_rank + local} failed and left {count} process(es) of its own "
+                        "running (its DataLoader workers, or what it started); ended with it, as they "
+                        "held its connections open",
+                    )
             if result is not None or lost is not None:
                 # Elastic's error holds one failed rank at least: none where only the heartbeat saw a loss.
                 failed = ChildFailedError(ROLE, self._global(result.failures)) if result is not None else None
