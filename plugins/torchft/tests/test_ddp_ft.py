@@ -198,6 +198,89 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         assert readers <= ranks, (readers, ranks)
 
 
+FAILING = textwrap.dedent(
+    """
+    import sys, time, torch, phalanx
+    from pathlib import Path
+    strategy = phalanx.resolve()
+    strategy.launch()
+    which, go = sys.argv[1], Path("go")
+
+    def lookup(settings):
+        return settings["missing"]
+
+    if which == "group-1-once" and strategy.replica_group == 1 and strategy.restart_count == 0:
+        lookup({})  # group 1's first start, before any step
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    while which == "group-1-once" and not go.exists():  # until the test saw group 1 held
+        time.sleep(0.05)
+    together = 0  # steps with every group in them (group 1 back)
+    while together < 3:
+        optimizer.zero_grad()
+        strategy.backward(model(torch.randn(2, 4)).sum())
+        if which == "every":
+            lookup({})  # every group's first step
+        strategy.optimizer_step(optimizer)
+        together += strategy.participants == 3 and strategy.committed
+        time.sleep(0.05)
+    print(f"DONE group={strategy.replica_group} restarts={strategy.restart_count}", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("which", ["every", "group-1-once"])
+def test_an_error_before_the_first_step_ends_the_job_at_once_only_where_every_group_has_it(tmp_path, which):
+    # every: each group raises in its first step: the job ends after one
+    # start of each (no restart could fix it), the traceback shown once.
+    # group-1-once: only group 1's first start raises, before any step:
+    # it is held while the others train (once the test saw it held), and
+    # started again once they committed a step; the job ends well.
+    (tmp_path / "failing.py").write_text(FAILING)
+    command = [sys.executable, "-m", "phalanx", "run", "--strategy", "ddp_ft", "--accelerator", "cpu"]
+    command += ["--replica-groups", "3", "--max-restarts", "3", "failing.py", which]
+    log = tmp_path / "output.txt"
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while which != "every" and "held until" not in log.read_text() and time.monotonic() < deadline:
+                assert process.poll() is None, log.read_text()
+                time.sleep(0.05)
+            (tmp_path / "go").write_text("")
+            code = process.wait(180)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    output = log.read_text()
+    if which == "every":
+        assert code == 1, output
+        assert "starting it again" not in output, output
+        assert output.count("Traceback (most recent call last):") == 1, output  # the root cause's, whole
+        assert output.count("KeyError: 'missing' (the same traceback as group") == 2, output  # the others'
+        assert (
+            "every replica group (3) failed alike before the job committed a step: KeyError: 'missing'"
+            in output
+        )
+        assert "DONE" not in output
+    else:
+        assert code == 0, output
+        assert "replica group 1 failed (exit status 1) before the job committed a step; held until" in output
+        assert output.count("starting it again") == 1, output
+        assert "replica group 1 failed (exit status 1); starting it again (1 of 3)" in output, output
+        assert sorted(re.findall(r"DONE group=(\d) restarts=(\d)", output)) == [
+            ("0", "0"),
+            ("1", "1"),
+            ("2", "0"),
+        ]
+
+
 def test_a_group_that_fails_past_its_restarts_fails_the_job_and_the_others_finish(tmp_path):
     job = Job(tmp_path, "--devices", "1", "--replica-groups", "2", "--max-restarts", "0")
     job.wait_for(lambda: any(s[0] == 0 and s[3] >= 5 for s in job.steps), "group 0 at step 5")

@@ -68,6 +68,8 @@ BEAT = 1.0
 PATIENCE = 2.0
 _PREFIX = "phalanx/replica_groups/"
 _FINISHED = _PREFIX + "finished"
+_COMMITTED = _PREFIX + "committed"
+_FAILED_ALIKE = _PREFIX + "failed_alike"
 
 
 class JobEnd:
@@ -89,6 +91,16 @@ class JobEnd:
         self.listen = listen
         #: A group that ended with status 0, where this host knows of one.
         self.finished_by: int | None = None
+        #: The file a rank here creates at its first committed step.
+        self.committed_file = marker.with_name("committed")
+        self._committed = False
+        #: The groups' failures before the job's first committed step (their
+        #: root causes' tracebacks), as this host knows them.
+        self._early: dict[int, str] = {}
+        self._next_read = 0.0
+        #: The failure every group had before the job's first committed
+        #: step, once a host found it so: the job ends.
+        self.failed_alike: str | None = None
         self._store: Any = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -144,6 +156,48 @@ class JobEnd:
         written = self.marker.with_name(self.marker.name + ".tmp")
         written.write_text(f"{index}\n")
         written.rename(self.marker)
+
+    # -- a job that fails before its first step -----------------------------
+
+    def has_committed(self) -> bool:
+        """Whether the job has committed a step: a rank here said so (its
+        file), or another host did (read at each beat)."""
+        if not self._committed and self.committed_file.exists():
+            self._committed = True
+            self._call(lambda store: store.set(_COMMITTED, "1"))
+        return self._committed
+
+    def failed_early(self, group: int, failure: str) -> None:
+        """Group ``group`` failed before the job committed a step, its
+        first failed rank with the traceback ``failure``."""
+        self._early[group] = failure
+        self._call(lambda store: store.set(f"{_PREFIX}early/{group}", failure))
+
+    def forget_early(self, group: int) -> None:
+        """Group ``group`` starts again: its failure no longer counts."""
+        self._early.pop(group, None)
+        self._call(lambda store: store.delete_key(f"{_PREFIX}early/{group}"))
+
+    def early_failures(self, groups: int) -> dict[int, str]:
+        """The failures of the job's ``groups`` groups before its first
+        committed step, as far as known: this host's, and (read at most
+        once a second) those the other hosts wrote to node 0's store."""
+        if self.shared and time.monotonic() >= self._next_read:
+            self._next_read = time.monotonic() + BEAT
+
+            def read(store: Any) -> dict[int, str]:
+                keys = {f"{_PREFIX}early/{g}": g for g in range(groups) if g not in self._early}
+                present = [key for key in keys if store.check([key])]
+                return {keys[key]: bytes(store.get(key)).decode(errors="replace") for key in present}
+
+            self._early.update(self._call(read) or {})
+        return dict(self._early)
+
+    def fail_alike(self, failure: str) -> None:
+        """Every group failed with ``failure`` before the job committed a
+        step: tell the other hosts (they stop their groups)."""
+        self.failed_alike = failure
+        self._call(lambda store: store.set(_FAILED_ALIKE, failure))
 
     def host_ended(self) -> None:
         """Every group of this host has ended: say so to node 0 and stop
@@ -272,7 +326,24 @@ class JobEnd:
                     self._call(lambda store: store.add(key, 1))
                 if self.finished_by is None:
                     self._ask()
+                if not self._committed or self.failed_alike is None:
+                    self._ask_early()
             self._stopping.wait(BEAT)
+
+    def _ask_early(self) -> None:
+        """Whether another host saw the job commit a step, or every group
+        fail alike before it did."""
+
+        def read(store: Any) -> tuple[bool, str | None]:
+            alike = store.get(_FAILED_ALIKE) if store.check([_FAILED_ALIKE]) else None
+            return bool(store.check([_COMMITTED])), None if alike is None else bytes(alike).decode()
+
+        found = self._call(read)
+        if found is not None:
+            committed, alike = found
+            self._committed = self._committed or committed
+            if alike is not None and self.failed_alike is None:
+                self.failed_alike = alike
 
     def _connect(self) -> bool:
         with self._lock:

@@ -22,10 +22,14 @@ after saying which rank it was.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from phalanx_core import WorkerFailedError
 from phalanx_core.launching import die_with_parent, exit_process
+
+from ._variables import GROUP_FAILURE_FILE_VAR
 
 #: Seconds without a beat of a part's launching process after which the
 #: group's other parts take its host for lost and stop (5 beats of 1 s):
@@ -52,6 +56,9 @@ def main(argv: list[str]) -> int:
         launcher.run_script(command)
     except WorkerFailedError as exc:
         sys.stderr.write(f"phalanx run: {exc.first_failure()}. The group's other ranks were stopped.\n")
+        failure = os.environ.get(GROUP_FAILURE_FILE_VAR)
+        if failure and exc.traceback:  # for the launcher, which compares the groups' failures
+            Path(failure).write_text(exc.traceback)
         # A rank killed by a signal: 128 + its number, as a shell says it.
         return 128 - exc.exitcode if isinstance(exc.exitcode, int) and exc.exitcode < 0 else exc.exit_status
     except SystemExit as exc:  # stopped by a signal: 128 + its number

@@ -16,6 +16,12 @@ MIN_REPLICAS_VAR = "PHALANX_MIN_REPLICAS"
 #: A file that exists once the job has finished (a group ended its script):
 #: a group that gets a quorum after that stops (launcher 'replica_groups').
 FINISHED_FILE_VAR = "PHALANX_JOB_FINISHED"
+#: A file a rank creates at its first committed step: the launcher then
+#: knows that the job trains, and a group that fails is a restart's to fix.
+COMMITTED_FILE_VAR = "PHALANX_JOB_COMMITTED"
+#: Where a group's launching process writes the traceback of the rank that
+#: failed first (the launcher compares the groups' failures).
+GROUP_FAILURE_FILE_VAR = "PHALANX_GROUP_FAILURE"
 #: TorchFT's own variable: the lighthouse's URL.
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
 #: The names TorchFT's examples use where torchrun starts each group.

@@ -65,7 +65,9 @@ from phalanx_torch.launchers import SubprocessLauncher
 
 from ._end import JobEnd
 from ._variables import (
+    COMMITTED_FILE_VAR,
     FINISHED_FILE_VAR,
+    GROUP_FAILURE_FILE_VAR,
     LIGHTHOUSE_VAR,
     MIN_REPLICAS_VAR,
     REPLICA_GROUP_VAR,
@@ -179,6 +181,12 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         self.group_address = LOOPBACK
         #: The file that exists once this host knows the job has finished.
         self.finished_marker: Path | None = None
+        #: The traceback every group failed with before the job committed a
+        #: step, where they all failed alike (the job then ended).
+        self.failed_alike: str | None = None
+        #: The tracebacks the groups' ranks printed, each with the first
+        #: rank that did (``"group0 rank1"``): printed again, one line.
+        self.tracebacks: dict[bytes, str] = {}
 
     @property
     def hosts_per_group(self) -> int:
@@ -296,6 +304,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         ``max_restarts``, or ``128 + signal`` when this process was
         stopped by a signal (every group is stopped first)."""
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
+        self.failed_alike, self.tracebacks = None, {}
         server = self._start_lighthouse()
         main, port = self._main()
         # Node 0 hosts the lighthouse, or the groups that span hosts meet through its store.
@@ -333,6 +342,8 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 signal.signal(number, handler)
         if stopped:
             raise SystemExit(128 + stopped[0])
+        if self.failed_alike is not None:
+            raise SystemExit(failed.exit_status if failed is not None else 1)
         if failed is not None:
             _say(
                 f"phalanx run: replica group {failed.index} failed {failed.restarts + 1} time(s), "
@@ -406,15 +417,22 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         """Restart failed groups until every group has ended; the group
         that failed past its restarts, if one did. Once the job has
         finished (a group ended with status 0, here or on another host), a
-        group that fails is not started again (see :mod:`._end`)."""
+        group that fails is not started again (see :mod:`._end`). Before
+        the job's first committed step a group that raised is held, not
+        started again, until a group commits a step (then it starts again)
+        or every group has failed: alike, the job ends (a restart cannot
+        fix it, :attr:`failed_alike`); else the held groups start again."""
         given_up: _Group | None = None
         running = {group.index: group for group in groups}
+        held: dict[int, _Group] = {}
         for group in groups:
             if not group.start():
                 del running[group.index]
                 given_up = given_up if group.why_not_started == _FINISHED else given_up or group
-        while running and not stopped:
+        while (running or held) and not stopped:
             time.sleep(self.monitor_interval)
+            if end.failed_alike is not None:
+                return self._end_alike(end, running, held, given_up)
             for index, group in sorted(running.items()):
                 status = group.poll()
                 if status is None:
@@ -446,12 +464,24 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                         "from, and the job's result is in the groups that ended"
                     )
                     end.group_gone(index, _FINISHED)
-                elif group.restarts < self.max_restarts:
-                    group.restarts += 1
+                elif not end.has_committed() and (failure := group.failure()) is not None:
+                    del running[index]
+                    held[index] = group
+                    end.failed_early(index, failure)
+                    if group.restarts >= self.max_restarts:
+                        given_up = given_up or group
                     _say(
-                        f"phalanx run: replica group {index} failed ({group.say_status()}); starting "
-                        f"it again ({group.restarts} of {self.max_restarts}); the other groups go on"
+                        f"phalanx run: replica group {index} failed ({group.say_status()}) before the job "
+                        "committed a step; "
+                        + (
+                            "held too"
+                            if len(held) > 1
+                            else "held until a group commits one (then it starts again) or every group "
+                            "has failed (alike, the job ends: a restart cannot fix that)"
+                        )
                     )
+                elif group.restarts < self.max_restarts:
+                    self._restart(group)
                     if not group.start():
                         del running[index]
                         given_up = given_up if group.why_not_started == _FINISHED else given_up or group
@@ -464,7 +494,66 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                         f"start again (max_restarts={self.max_restarts}); {others}"
                     )
                     end.group_gone(index, f"it failed more often than max_restarts={self.max_restarts}")
+            if held:
+                given_up = self._settle_held(end, running, held, given_up)
         return given_up
+
+    def _settle_held(
+        self, end: JobEnd, running: dict[int, _Group], held: dict[int, _Group], given_up: _Group | None
+    ) -> _Group | None:
+        """The groups held since they failed before the job's first
+        committed step: once a group committed one, or every group failed
+        and not alike, each starts again (or, past its restarts, is given
+        up); every group failed alike: :attr:`failed_alike` is set (the
+        watch ends the job at its next look)."""
+        if not end.has_committed():
+            failures = end.early_failures(self.replica_groups)
+            if len(failures) < self.replica_groups:
+                return given_up
+            if len(set(failures.values())) == 1:
+                end.fail_alike(next(iter(failures.values())))
+                return given_up
+        for index, group in sorted(held.items()):
+            del held[index]
+            end.forget_early(index)
+            if group.restarts >= self.max_restarts:
+                _say(
+                    f"phalanx run: replica group {index} may not start again (max_restarts="
+                    f"{self.max_restarts}); the other groups go on without it"
+                )
+                end.group_gone(index, f"it failed more often than max_restarts={self.max_restarts}")
+                continue
+            self._restart(group)
+            running[index] = group
+            if not group.start():
+                del running[index]
+                given_up = given_up if group.why_not_started == _FINISHED else given_up or group
+        return given_up
+
+    def _restart(self, group: _Group) -> None:
+        group.restarts += 1
+        _say(
+            f"phalanx run: replica group {group.index} failed ({group.say_status()}); starting it again "
+            f"({group.restarts} of {self.max_restarts}); the other groups go on"
+        )
+
+    def _end_alike(
+        self, end: JobEnd, running: dict[int, _Group], held: dict[int, _Group], given_up: _Group | None
+    ) -> _Group | None:
+        """Every group failed alike before the job committed a step (found
+        here or by another host): stop this host's groups, say it once, and
+        return the group whose failure ends the job."""
+        stop_processes([g.process for g in running.values() if g.process is not None], grace=STOP_GRACE)
+        failure = end.failed_alike or ""
+        last = failure.strip().splitlines()[-1] if failure.strip() else "an error"
+        self.failed_alike = failure
+        _say(
+            f"phalanx run: every replica group ({self.replica_groups}) failed alike before the job "
+            f"committed a step: {last} (its traceback is above, once; the other groups' are one line "
+            "each). A restart cannot fix that: no group is started again, and the job ends"
+        )
+        first = held[min(held)] if held else given_up or next(iter(running.values()), None)
+        return first
 
 
 class _Group:
@@ -490,6 +579,18 @@ class _Group:
         self.why_not_started = ""
         #: When :meth:`superseded` next reads node 0's store.
         self._next_look = 0.0
+        #: Where the group's launching process writes its first failed
+        #: rank's traceback.
+        self.failure_file = end.marker.with_name(f"group{index}-failure")
+
+    def failure(self) -> str | None:
+        """The traceback of the rank that failed first in the group's last
+        start, where it raised (``None`` for a rank killed by a signal, or
+        lost)."""
+        try:
+            return self.failure_file.read_text() or None
+        except OSError:
+            return None
 
     def start(self) -> bool:
         """Start the group's ranks (this host's part of them, where the
@@ -497,6 +598,7 @@ class _Group:
         ``why_not_started``, said on stderr)."""
         self.join_output()
         self.status = None
+        self.failure_file.unlink(missing_ok=True)
         launcher = self.launcher
         span = launcher.hosts_per_group
         # strategy.restart_count in the group's ranks: this group's restarts.
@@ -520,6 +622,8 @@ class _Group:
             LIGHTHOUSE_VAR: str(launcher.lighthouse_url),
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
             FINISHED_FILE_VAR: str(launcher.finished_marker),
+            COMMITTED_FILE_VAR: str(self.end.committed_file),
+            GROUP_FAILURE_FILE_VAR: str(self.failure_file),
             RESTART_COUNT_VAR: str(restarts),
             **job,
         }
@@ -595,10 +699,39 @@ class _Group:
         return not end.joined(self.index, self.start_number, launcher.hosts_per_group)
 
     def _copy(self, source: IO[bytes], sink: Any) -> None:
+        """Copy the group's output, each line marked by the group: ``[rank0]:
+        ...`` as ``[group1 rank0]: ...``, the group's own lines as ``[group1]:
+        ...``. A rank's traceback that a rank of this job printed before
+        (another group failing alike, this group again after a restart) is
+        one line: its exception's, and whose it was first."""
         mark = f"[group{self.index}".encode()
+        pending: dict[bytes, list[bytes]] = {}  # a rank's traceback so far, by the rank's mark
         for line in iter(source.readline, b""):
-            # [rank0]: ... -> [group1 rank0]: ...; the group's own lines -> [group1]: ...
-            _write(sink, mark + b" " + line[1:] if line.startswith(b"[rank") else mark + b"]: " + line)
+            if not line.startswith(b"[rank"):
+                _write(sink, mark + b"]: " + line)
+                continue
+            rank, _, body = line.partition(b"]: ")
+            block = pending.get(rank)
+            if block is None:
+                if body.rstrip() == b"Traceback (most recent call last):":
+                    pending[rank] = [line]
+                else:
+                    _write(sink, mark + b" " + line[1:])
+                continue
+            block.append(line)
+            if body[:1] in (b" ", b"\t") and len(block) < _LONGEST_TRACEBACK:
+                continue  # a frame: the block goes on
+            del pending[rank]  # the exception's line: the block is whole
+            who = f"group{self.index} {rank[1:].decode(errors='replace')}"
+            text = b"".join(part.partition(b"]: ")[2] for part in block)
+            first = self.launcher.tracebacks.setdefault(text, who)
+            if first == who or body[:1] in (b" ", b"\t"):
+                _write(sink, b"".join(mark + b" " + part[1:] for part in block))
+            else:
+                said = f" (the same traceback as {first}'s, above)\n".encode()
+                _write(sink, mark + b" " + line[1:].rstrip(b"\r\n") + said)
+        for block in pending.values():  # the output ended in a traceback
+            _write(sink, b"".join(mark + b" " + part[1:] for part in block))
         source.close()
 
     def join_output(self) -> None:
@@ -625,6 +758,9 @@ class _Group:
         status = self.status or 1
         return 128 - status if status < 0 else status
 
+
+#: The most lines of a traceback held back to compare it with those before.
+_LONGEST_TRACEBACK = 2000
 
 #: Why a group is not started again once the job has finished.
 _FINISHED = "the job has finished"

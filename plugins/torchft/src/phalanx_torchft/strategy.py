@@ -20,7 +20,13 @@ from phalanx_torch.strategies import DDPStrategy
 
 from ._across import across_groups
 from ._loader import QuorumLoader
-from ._variables import FINISHED_FILE_VAR, LIGHTHOUSE_VAR, min_replicas, replica_group_of_this_process
+from ._variables import (
+    COMMITTED_FILE_VAR,
+    FINISHED_FILE_VAR,
+    LIGHTHOUSE_VAR,
+    min_replicas,
+    replica_group_of_this_process,
+)
 from .errors import JobFinishedError, NoQuorumError
 
 __all__ = ["DDPFTStrategy", "FaultTolerant"]
@@ -129,6 +135,7 @@ class FaultTolerant:
         self._step_basis: tuple[int, int, int] | None = None
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
+        self._told_committed = False  # the launcher's file made (COMMITTED_FILE_VAR)
 
     # -- where this rank is -------------------------------------------------
 
@@ -566,6 +573,9 @@ class FaultTolerant:
             members, trained = self._trained_members() if self._loaders else (0, frozenset())
             self._verdict = bool(self.manager.should_commit(timeout=self._commit_wait))
             self.committed = self._verdict
+            if self._verdict and not self._told_committed:
+                self._told_committed = True
+                _create(os.environ.get(COMMITTED_FILE_VAR))
             for loader in self._loaders:
                 loader._settle(self._verdict, members, trained)
             self._step_open = False
@@ -613,6 +623,13 @@ class DDPFTStrategy(FaultTolerant, DDPStrategy):
         ddp = super().setup_module(module)
         ddp.register_comm_hook(self, _average_over_groups)
         return ddp
+
+
+def _create(path: str | None) -> None:
+    """Create the file ``path`` (where one is given), as a mark."""
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).touch()
 
 
 def _quieten_torchft() -> None:
