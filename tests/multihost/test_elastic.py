@@ -276,25 +276,10 @@ def test_losing_node_zero_with_its_store_ends_every_node_naming_it(make_bed, out
 
 
 def etcd_cluster(bed, folder: Path) -> str:
-    """One etcd member on each host (v3 API only, as etcd 3.6 runs); the
-    rendezvous URL."""
-    etcd = shutil.which("etcd")
-    if etcd is None:
+    """One etcd member on each host; the rendezvous URL."""
+    if shutil.which("etcd") is None:
         pytest.fail("the multihost session installs etcd-server (Debian's etcd 3.4); it is missing")
-    members = ",".join(f"{h.name}=http://{h.address}:2380" for h in bed.hosts)
-    for host in bed.hosts:
-        data = folder / f"etcd-{host.name}"
-        argv = [
-            etcd, "--name", host.name, "--data-dir", str(data),
-            "--listen-client-urls", f"http://{host.address}:2379",
-            "--advertise-client-urls", f"http://{host.address}:2379",
-            "--listen-peer-urls", f"http://{host.address}:2380",
-            "--initial-advertise-peer-urls", f"http://{host.address}:2380",
-            "--initial-cluster", members, "--initial-cluster-state", "new",
-            "--log-level", "error",
-        ]  # fmt: skip
-        host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return "etcd://" + ",".join(f"{h.address}:2379" for h in bed.hosts) + "/elastic-test"
+    return "etcd://" + bed.start_etcd(folder) + "/elastic-test"
 
 
 @pytest.mark.parametrize("how", ["killed", "lost-without-a-word"])

@@ -762,3 +762,25 @@ def test_the_ray_replica_groups_options_are_checked():
     said = launcher.explain()
     assert said["hosts"].startswith("2 Ray node(s) with 1 free CPU(s) each"), said
     assert "2 on each of 2 Ray node(s)" in said["groups"], said
+
+
+def test_the_whole_script_of_torchft_md_is_the_example_and_runs_as_written(tmp_path):
+    # torchft.md opens with a DDP script (set_epoch, loader workers) and the
+    # command that runs it: the same as examples/train_ft.py, and it runs.
+    root = Path(__file__).resolve().parents[3]
+    page = (root / "docs" / "content" / "torchft.md").read_text()
+    section = page[page.index("## A whole script") : page.index("## When to choose it")]
+    script = re.search(r"```python\n(.*?)```", section, re.S)
+    assert script and script[1] in (root / "examples" / "train_ft.py").read_text()
+    run = re.search(r"^(phalanx run --strategy ddp_ft .*examples/train_ft\.py)$", section, re.M)
+    assert run, section
+    done = subprocess.run(
+        [sys.executable, "-m", *run[1].split()],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.findall(r"epoch (\d): loss", done.stdout) == ["0", "1", "2"], done.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import time
 
@@ -142,6 +143,52 @@ def test_the_lighthouses_host_lost_stops_every_group_with_a_named_error(bed, tmp
     late = [s for s in job.steps if s[6] > lost_at + 2.0 and s[4]]
     assert not late, (late, output)
     assert not job.diverged(), (job.diverged(), output)
+
+
+def lighthouse_host(bed: TestBed, job: Job) -> int:
+    """The bed's host whose ``phalanx run`` last said it runs the job's
+    lighthouse (the elected one)."""
+    said = re.findall(r"this host runs the job's lighthouse now \(term \d+\), at ([\d.]+):", job.output)
+    assert said, job.output
+    return next(i for i, host in enumerate(bed.hosts) if host.address == said[-1])
+
+
+def test_with_the_rendezvous_in_etcd_the_lighthouses_host_lost_leaves_the_others_training(bed, tmp_path):
+    # An etcd member on each host; every host stands for the lighthouse.
+    # The elected one's host is killed whole (its group and its etcd member
+    # with it): another host takes the lighthouse over, and the two other
+    # groups train on, never restarted, to the end, alike, every sample of
+    # an epoch in one committed step.
+    endpoints = bed.start_etcd(tmp_path)
+    flags = ("--devices", "1", "--replica-groups", "3", "--max-restarts", "1")
+    job = Job(tmp_path, *flags, "--rendezvous", f"etcd://{endpoints}/ft-lighthouse", hosts=bed.hosts)
+    job.wait_for(lambda: any(s[3] >= 8 and s[5] == 3 for s in job.steps), "step 8 with three groups")
+    leader = lighthouse_host(bed, job)
+    survivors = [group for group in range(3) if group != leader]
+    bed.kill_all(bed.hosts[leader])  # its lighthouse, its group, its etcd member
+    lost_at = time.monotonic()
+    job.wait_for(
+        lambda: any(s[6] > lost_at and s[4] and s[5] == 2 for s in job.steps), "a step of the two others"
+    )
+    after = min(s[6] for s in job.steps if s[6] > lost_at and s[4] and s[5] == 2)
+    job.stop_after(5, at_least=45)  # into the third epoch (20 steps of three groups, 30 of two)
+    for node, process in enumerate(job.processes):
+        if node != leader:
+            assert process.wait(180) == 0, job.output
+    output = job.output
+    # The first lighthouse, then another host's (and, as that host's groups
+    # end before the last one's, maybe the last host's).
+    said = re.findall(r"this host runs the job's lighthouse now \(term \d+\), at ([\d.]+):", output)
+    assert len(said) >= 2 and bed.hosts[leader].address not in said[1:], output
+    for group in survivors:
+        assert len(job.pids(group)) == 1, output  # never restarted
+        assert f"replica group {group} failed" not in output, output
+    same_weights_everywhere(job, 2)
+    assert not job.diverged(), job.diverged()
+    trained = job.trained()
+    for epoch in sorted(trained)[:-1]:
+        assert set(trained[epoch]) == set(range(120)), (epoch, sorted(set(range(120)) - set(trained[epoch])))
+    print(f"the lighthouse's host lost: the others' next committed step {after - lost_at:.2f} s after")
 
 
 def test_node_0_keeps_the_lighthouse_until_the_other_hosts_groups_have_ended(bed, tmp_path):

@@ -239,6 +239,29 @@ class TestBed:
         done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
         return int(json.loads(done.stdout)[0]["stats64"]["tx"]["bytes"])
 
+    def start_etcd(self, folder: Path, hosts: Sequence[Host] | None = None) -> str:
+        """One etcd member on each of ``hosts`` (default: every host), its
+        data under ``folder``, the v3 API only (as etcd 3.6 runs); they
+        end with the bed. Their client addresses, ``"A:2379,B:2379,..."``
+        (for ``--rendezvous etcd://...``). Needs ``etcd`` on the PATH."""
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server)")
+        hosts = list(self.hosts if hosts is None else hosts)
+        members = ",".join(f"{h.name}=http://{h.address}:2380" for h in hosts)
+        for host in hosts:
+            argv = [
+                etcd, "--name", host.name, "--data-dir", str(folder / f"etcd-{host.name}"),
+                "--listen-client-urls", f"http://{host.address}:2379",
+                "--advertise-client-urls", f"http://{host.address}:2379",
+                "--listen-peer-urls", f"http://{host.address}:2380",
+                "--initial-advertise-peer-urls", f"http://{host.address}:2380",
+                "--initial-cluster", members, "--initial-cluster-state", "new",
+                "--log-level", "error",
+            ]  # fmt: skip
+            host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return ",".join(f"{h.address}:2379" for h in hosts)
+
     def kill_all(self, host: Host) -> int:
         """SIGKILL every process of ``host`` at once, as a lost machine
         would end them; return how many there were."""

@@ -16,10 +16,13 @@ operations, through phalanx's ``CollectiveProcessGroup``.
 from __future__ import annotations
 
 import contextlib
+import os
 from datetime import timedelta
 from typing import Any
 
 from phalanx_core import Collective, Membership
+
+from ._lighthouse import TERM_FILE_VAR, term_of
 
 __all__ = ["across_groups"]
 
@@ -51,8 +54,11 @@ def across_groups(strategy: Any, collective: Collective, timeout: timedelta) -> 
             self._group_rank, self._group_world_size = group_rank, group_world_size
             self._global_ranks = global_ranks
             self._pg = None
+            # A lighthouse elected after another numbers its quorums from 1
+            # again: its term keeps them apart in the groups' stores.
+            term = term_of(os.environ.get(TERM_FILE_VAR))
             membership = Membership.at(
-                store_addr,
+                f"{store_addr}/lighthouse{term}" if term else store_addr,
                 rank=int(rank),
                 world_size=int(world_size),
                 label=f"quorum {quorum_id}",

@@ -80,7 +80,14 @@ class JobEnd:
     hosts, and only this host's own groups are known)."""
 
     def __init__(
-        self, node_rank: int, num_nodes: int, address: str | None, port: int, listen: str, marker: Path
+        self,
+        node_rank: int,
+        num_nodes: int,
+        address: str | None,
+        port: int,
+        listen: str,
+        marker: Path,
+        store: Any = None,
     ) -> None:
         #: The file that exists once this host knows the job has finished.
         self.marker = marker
@@ -102,6 +109,9 @@ class JobEnd:
         #: step, once a host found it so: the job ends.
         self.failed_alike: str | None = None
         self._store: Any = None
+        #: Where the store is another than node 0's (the rendezvous' etcd):
+        #: what makes a client of it.
+        self._make_store = store
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._beating: threading.Thread | None = None
@@ -115,7 +125,9 @@ class JobEnd:
         Other nodes: connect to it and beat, in a thread of their own."""
         if not self.shared:
             return
-        if self.node_rank == 0:
+        if self._make_store is not None:
+            self._store = self._make_store()
+        elif self.node_rank == 0:
             from phalanx_core.launching import hosted_store  # imports torch
 
             try:
@@ -176,7 +188,7 @@ class JobEnd:
     def forget_early(self, group: int) -> None:
         """Group ``group`` starts again: its failure no longer counts."""
         self._early.pop(group, None)
-        self._call(lambda store: store.delete_key(f"{_PREFIX}early/{group}"))
+        self._call(lambda store: store.set(f"{_PREFIX}early/{group}", ""))  # empty: none
 
     def early_failures(self, groups: int) -> dict[int, str]:
         """The failures of the job's ``groups`` groups before its first
@@ -190,7 +202,7 @@ class JobEnd:
                 present = [key for key in keys if store.check([key])]
                 return {keys[key]: bytes(store.get(key)).decode(errors="replace") for key in present}
 
-            self._early.update(self._call(read) or {})
+            self._early.update({g: text for g, text in (self._call(read) or {}).items() if text})
         return dict(self._early)
 
     def fail_alike(self, failure: str) -> None:
@@ -347,8 +359,8 @@ class JobEnd:
 
     def _connect(self) -> bool:
         with self._lock:
-            if self._store is not None:
-                return True
+            if self._store is not None or self._make_store is not None:
+                return self._store is not None
         import torch.distributed as dist
 
         try:  # a plain connection first: torch's client logs every refused try

@@ -22,6 +22,9 @@ COMMITTED_FILE_VAR = "PHALANX_JOB_COMMITTED"
 #: Where a group's launching process writes the traceback of the rank that
 #: failed first (the launcher compares the groups' failures).
 GROUP_FAILURE_FILE_VAR = "PHALANX_GROUP_FAILURE"
+#: The address of this host that the other hosts reach: where TorchFT's
+#: peers reach a group's manager (several hosts).
+GROUP_ADDRESS_VAR = "PHALANX_GROUP_ADDRESS"
 #: TorchFT's own variable: the lighthouse's URL.
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
 #: The names TorchFT's examples use where torchrun starts each group.

@@ -64,9 +64,11 @@ from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
 
 from ._end import JobEnd
+from ._lighthouse import TERM_FILE_VAR
 from ._variables import (
     COMMITTED_FILE_VAR,
     FINISHED_FILE_VAR,
+    GROUP_ADDRESS_VAR,
     GROUP_FAILURE_FILE_VAR,
     LIGHTHOUSE_VAR,
     MIN_REPLICAS_VAR,
@@ -124,6 +126,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         join_timeout: float = 1.0,
         quorum_tick: float = 0.05,
         lighthouse: str | None = None,
+        rendezvous: str | None = None,
         monitor_interval: float = 0.1,
         rendezvous_timeout: float = 900.0,
     ) -> None:
@@ -135,7 +138,14 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             max_restarts=max_restarts,
             monitor_interval=monitor_interval,
             rendezvous_timeout=rendezvous_timeout,
+            rendezvous=rendezvous,
         )
+        if lighthouse is not None and self._elected:
+            raise MisconfigurationError(
+                f"launcher 'replica_groups': lighthouse={lighthouse!r} and rendezvous={rendezvous!r}: with "
+                "the rendezvous in etcd the hosts elect the lighthouse among themselves (one runs it, "
+                "another takes over if its host is lost); give one or the other"
+            )
         for name, value in (("replica_groups", replica_groups), ("min_replicas", min_replicas)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise MisconfigurationError(
@@ -181,12 +191,20 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         self.group_address = LOOPBACK
         #: The file that exists once this host knows the job has finished.
         self.finished_marker: Path | None = None
+        #: The file with the term of the lighthouse this host follows
+        #: (several hosts), while a job runs.
+        self.term_file: Path | None = None
         #: The traceback every group failed with before the job committed a
         #: step, where they all failed alike (the job then ended).
         self.failed_alike: str | None = None
         #: The tracebacks the groups' ranks printed, each with the first
         #: rank that did (``"group0 rank1"``): printed again, one line.
         self.tracebacks: dict[bytes, str] = {}
+
+    @property
+    def _elected(self) -> bool:
+        """Whether the hosts elect the lighthouse (the rendezvous in etcd)."""
+        return self.rendezvous is not None and self._place().kind == "etcd"
 
     @property
     def hosts_per_group(self) -> int:
@@ -305,13 +323,27 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         stopped by a signal (every group is stopped first)."""
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
         self.failed_alike, self.tracebacks = None, {}
-        server = self._start_lighthouse()
+        folder = Path(tempfile.mkdtemp(prefix="phalanx-replica-groups-"))
+        marker = folder / "finished"
+        closers: list[Any] = []
+        try:
+            closers = self._start_lighthouse(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         main, port = self._main()
-        # Node 0 hosts the lighthouse, or the groups that span hosts meet through its store.
-        shared = self.num_nodes > 1 and (self.lighthouse is None or self.hosts_per_group > 1)
-        marker = Path(tempfile.mkdtemp(prefix="phalanx-replica-groups-")) / "finished"
+        # Node 0 hosts the lighthouse, or the groups that span hosts meet through its store;
+        # with the rendezvous in etcd, the hosts meet there.
+        elected = self._elected
+        shared = self.num_nodes > 1 and (elected or self.lighthouse is None or self.hosts_per_group > 1)
         end = JobEnd(
-            self.node_rank, self.num_nodes, main if shared else None, port + 1, self.group_address, marker
+            self.node_rank,
+            self.num_nodes,
+            main if shared else None,
+            port + 1,
+            self.group_address,
+            marker,
+            store=self._etcd_store if elected else None,
         )
         self.finished_marker = marker
         stopped: list[int] = []
@@ -324,7 +356,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             end.start()
             failed = self._watch(groups, stopped, end)
             end.host_ended()
-            if not stopped:
+            if not stopped and not elected:  # elected: another host takes the lighthouse over
                 end.wait_for_other_hosts(_say, stopped)
         except KeyboardInterrupt:
             stopped.append(signal.SIGINT)
@@ -334,10 +366,10 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             for group in groups:
                 group.join_output()
             end.close()
-            shutil.rmtree(marker.parent, ignore_errors=True)
-            if server is not None:
-                server.shutdown()
-            self.lighthouse_url = None
+            for close in reversed(closers):
+                close()
+            shutil.rmtree(folder, ignore_errors=True)
+            self.lighthouse_url = self.term_file = None
             for number, handler in previous.items():
                 signal.signal(number, handler)
         if stopped:
@@ -353,25 +385,80 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             )
             raise SystemExit(failed.exit_status)
 
-    def _start_lighthouse(self) -> Any:
-        """Set ``lighthouse_url`` and ``group_address``; start TorchFT's
-        lighthouse where this process hosts it (one host, or node 0 of
-        several, unless ``lighthouse`` was given) and return it, else
-        ``None``."""
+    def _start_lighthouse(self, folder: Path) -> list[Any]:
+        """Set ``lighthouse_url`` (what the groups' managers call) and
+        ``group_address``; start what this host runs of the way to the
+        lighthouse (see :mod:`._lighthouse`) and return what stops it. One
+        host: TorchFT's lighthouse on 127.0.0.1. Several: a forwarder on
+        127.0.0.1 that the managers call, following node 0's guard (node 0
+        runs the lighthouse behind it at the main address and port), or,
+        with the rendezvous in etcd, the elected host's (every host stands).
+        ``lighthouse=URL``: that one, called directly."""
         main, port = self._main()
         if self.lighthouse is not None:
             self.lighthouse_url = self.lighthouse
-        elif self.num_nodes > 1:
+            self.group_address = self._group_address()
+            return []
+        if self.num_nodes == 1:
+            local, stop = self._local_lighthouse()
+            self.lighthouse_url = f"http://{LOOPBACK}:{local}"
+            self.group_address = LOOPBACK
+            return [stop]
+        from ._lighthouse import Election, Forwarder, Guard
+
+        if self._elected:
+            toward, _ = self._place().endpoints[0]
+            self.lighthouse_url = f"http://{_url_host(toward)}:{port}"  # for the route to the hosts
+        else:
             self.lighthouse_url = f"http://{_url_host(main)}:{port}"
         self.group_address = self._group_address()
-        if self.lighthouse is not None or self.node_rank != 0:
-            return None
+        self.term_file = folder / "lighthouse-term"
+        forwarder = Forwarder(term_file=self.term_file)
+        closers: list[Any] = [forwarder.close]
+        try:
+            if self._elected:
+                from phalanx_torch.nodes import etcd_client
+
+                place = self._place()
+                election = Election(
+                    etcd_client(place, patience=2.0),
+                    place.name,
+                    self.group_address,
+                    port,
+                    self._local_lighthouse,
+                    forwarder,
+                )
+                election.start()
+                closers.append(election.close)
+            elif self.node_rank == 0:
+                local, stop = self._local_lighthouse()
+                closers.append(stop)
+                try:
+                    guard = Guard(self.group_address, port, local)
+                except OSError as exc:
+                    raise MisconfigurationError(
+                        f"launcher 'replica_groups': the lighthouse cannot listen on {self.group_address}:"
+                        f"{port} ({exc.strerror or exc}); give a free --main-port"
+                    ) from None
+                closers.append(guard.close)
+                forwarder.follow(self.group_address, port)
+            else:
+                forwarder.follow(main, port)
+        except BaseException:
+            for close in reversed(closers):
+                close()
+            raise
+        self.lighthouse_url = forwarder.url
+        return closers
+
+    def _local_lighthouse(self) -> tuple[int, Any]:
+        """Start TorchFT's lighthouse on 127.0.0.1 and a port the kernel
+        gives: its port, and what stops it."""
         from torchft.coordination import LighthouseServer
 
-        bind, port = (LOOPBACK, 0) if self.num_nodes == 1 else (self.group_address, port)
         try:
             server = LighthouseServer(
-                bind=f"{_url_host(bind)}:{port}",
+                bind=f"{LOOPBACK}:0",
                 min_replicas=self.min_replicas,
                 join_timeout_ms=round(self.join_timeout * 1000),
                 quorum_tick_ms=max(1, round(self.quorum_tick * 1000)),
@@ -379,13 +466,17 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             )
         except Exception as exc:  # noqa: BLE001 - the Rust server's bind error (its type is not public)
             raise MisconfigurationError(
-                f"launcher 'replica_groups': the lighthouse cannot listen on {bind}:{port} "
-                f"({str(exc).strip() or type(exc).__name__}); give a free --main-port"
+                f"launcher 'replica_groups': the lighthouse cannot listen on {LOOPBACK} "
+                f"({str(exc).strip() or type(exc).__name__})"
             ) from None
-        if self.num_nodes == 1:
-            # address() names this host by its hostname; the ranks are here.
-            self.lighthouse_url = f"http://{LOOPBACK}:{server.address().rsplit(':', 1)[1]}"
-        return server
+        return int(server.address().rsplit(":", 1)[1]), server.shutdown
+
+    def _etcd_store(self) -> Any:
+        """The job's end store in etcd (the rendezvous' cluster)."""
+        from phalanx_torch.nodes import job_store
+
+        place = self._place()
+        return job_store(place.endpoints, f"/phalanx/{place.name}/end/", timeout=PATIENCE_OF_END)
 
     def _group_address(self) -> str:
         """The address this host's groups listen on: ``127.0.0.1`` where
@@ -623,6 +714,11 @@ class _Group:
             MIN_REPLICAS_VAR: str(launcher.min_replicas),
             FINISHED_FILE_VAR: str(launcher.finished_marker),
             COMMITTED_FILE_VAR: str(self.end.committed_file),
+            GROUP_ADDRESS_VAR: launcher.group_address,
+            # Through a forwarder, a quorum asked as the lighthouse's host is lost
+            # fails: TorchFT asks again (the forwarder holds it until one answers).
+            **({QUORUM_RETRIES_VAR: os.environ.get(QUORUM_RETRIES_VAR, "3")} if launcher.term_file else {}),
+            **({TERM_FILE_VAR: str(launcher.term_file)} if launcher.term_file is not None else {}),
             GROUP_FAILURE_FILE_VAR: str(self.failure_file),
             RESTART_COUNT_VAR: str(restarts),
             **job,
@@ -758,6 +854,12 @@ class _Group:
         status = self.status or 1
         return 128 - status if status < 0 else status
 
+
+#: TorchFT's variable: how many times a group's manager asks again for a
+#: quorum whose request failed.
+QUORUM_RETRIES_VAR = "TORCHFT_QUORUM_RETRIES"
+#: Seconds one request to the end store in etcd may take.
+PATIENCE_OF_END = 2.0
 
 #: The most lines of a traceback held back to compare it with those before.
 _LONGEST_TRACEBACK = 2000

@@ -10,7 +10,7 @@ from __future__ import annotations
 from phalanx_core import LauncherSpec, StrategySpec, hookimpl
 
 #: What to run when torchft is missing.
-INSTALL = "pip install 'phalanx-torchft[torchft]' (torchft 0.2 and torch>=2.9)"
+INSTALL = "pip install 'torchft>=0.2,<0.3' (torchft 0.2, torch>=2.9; phalanx-torchft itself is installed)"
 #: torch's range is phalanx-torch's (these parts are built on its DDP and its
 #: subprocess launcher); torchft's is the release line phalanx is tested on.
 _NEEDS = ("torchft>=0.2,<0.3", "torch>=2.9")
@@ -36,7 +36,10 @@ def phalanx_launchers() -> list[LauncherSpec]:
             # environment (the ranks are the groups', torch elastic's).
             environment="ray",
             needs=(*_NEEDS, "ray", "phalanx_ray"),
-            install=f"{INSTALL} and pip install 'phalanx-ray[ray]'",
+            install=(
+                f"{INSTALL}, and phalanx-ray with ray (pip install 'phalanx-ray[ray]'; from a clone of "
+                "phalanx: pip install -e 'plugins/ray[ray]')"
+            ),
         ),
     ]
 

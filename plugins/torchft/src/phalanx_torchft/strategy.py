@@ -23,6 +23,7 @@ from ._loader import QuorumLoader
 from ._variables import (
     COMMITTED_FILE_VAR,
     FINISHED_FILE_VAR,
+    GROUP_ADDRESS_VAR,
     LIGHTHOUSE_VAR,
     min_replicas,
     replica_group_of_this_process,
@@ -276,7 +277,7 @@ class FaultTolerant:
             # TorchFT numbers a group's ranks across groups by the digits
             # its replica id ends with.
             replica_id=f"phalanx_group_{group}",
-            hostname=_address_toward(lighthouse),
+            hostname=os.environ.get(GROUP_ADDRESS_VAR) or _address_toward(lighthouse),
             init_sync=False,  # the groups are made alike in a step of their own: _start_alike
         )
         try:

@@ -400,6 +400,19 @@ class Etcd3:
         """A new lease of ``ttl`` seconds; its id."""
         return int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
 
+    def keepalive(self, lease: int) -> int:
+        """Renew ``lease``: the seconds it now has, 0 where it has expired."""
+        answer = self.call("lease/keepalive", {"ID": str(lease)})
+        return int(answer.get("result", {}).get("TTL", 0) or 0)
+
+    def revoke(self, lease: int) -> None:
+        """End ``lease`` now (its keys go with it); one that expired is let be."""
+        try:
+            self.call("lease/revoke", {"ID": str(lease)})
+        except EtcdRequestError as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+
     def watch(self, key: bytes, after: int, timeout: float) -> None:
         """Return once ``key`` is written after revision ``after``, or
         ``timeout`` seconds have passed, or the member watched is lost
