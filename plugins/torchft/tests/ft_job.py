@@ -202,6 +202,7 @@ class Job:
         launch: Sequence[str] = (),
         env: dict[str, str] | None = None,
         where: Any = None,
+        started: Sequence[int] | None = None,
     ) -> None:
         (tmp_path / "train.py").write_text(SCRIPT)
         self.tmp_path = tmp_path
@@ -235,7 +236,7 @@ class Job:
         self.log: Any = open(tmp_path / "output.txt", "a")  # noqa: SIM115 - written as lines come
         self._readers: list[threading.Thread] = []
         self.processes: list[subprocess.Popen[str]] = []
-        for node in range(len(self.hosts) or 1):
+        for node in range(len(self.hosts) or 1) if started is None else started:
             self.start(node)
         self.process = self.processes[0]
 

@@ -191,6 +191,82 @@ def test_with_the_rendezvous_in_etcd_the_lighthouses_host_lost_leaves_the_others
     print(f"the lighthouse's host lost: the others' next committed step {after - lost_at:.2f} s after")
 
 
+def test_with_the_rendezvous_in_etcd_the_lighthouses_host_cut_off_and_back_splits_no_brain(bed, tmp_path):
+    # The elected lighthouse's host is cut off the network (its etcd member
+    # too, alone in its part): it stops serving once it can renew its lease
+    # no more (0.6 s, before its lighthouse could drop the groups it no
+    # longer hears and make a quorum of its own group), another host takes
+    # over once the lease ends, and the two others train on. The cut group
+    # gets no quorum (it stops, and its host starts it again, into the cut);
+    # back, it follows the new lighthouse and heals. No step is committed
+    # by two quorums with different members: every group that committed a
+    # step holds the same weights after it.
+    endpoints = bed.start_etcd(tmp_path)
+    flags = ("--devices", "1", "--replica-groups", "3", "-o", "replica_timeout=3", "-o", "quorum_timeout=5")
+    job = Job(tmp_path, *flags, "--rendezvous", f"etcd://{endpoints}/ft-split", hosts=bed.hosts)
+    job.wait_for(lambda: any(s[3] >= 8 and s[5] == 3 for s in job.steps), "step 8 with three groups")
+    leader = lighthouse_host(bed, job)
+    others = [group for group in range(3) if group != leader]
+    bed.cut(bed.hosts[leader])
+    cut_at = time.monotonic()
+    job.wait_for(
+        lambda: sum(1 for s in job.steps if s[0] == others[0] and s[6] > cut_at and s[4] and s[5] == 2) >= 5,
+        "steps of the two other groups",
+    )
+    time.sleep(max(0.0, cut_at + 8 - time.monotonic()))
+    bed.reconnect(bed.hosts[leader])
+    back_at = time.monotonic()
+    job.wait_for(
+        lambda: any(s[0] == leader and s[6] > back_at and s[4] and s[5] == 3 for s in job.steps),
+        "the cut group back",
+    )
+    job.stop_after(8)
+    assert job.finish() == 0, job.output
+    output = job.output
+    assert job.codes == [0, 0, 0], (job.codes, output)
+    assert "this host stops running the job's lighthouse (term" in output, output
+    for group in others:
+        assert len(job.pids(group)) == 1, output  # never restarted
+    assert not job.diverged(), (job.diverged(), output)
+    alone = [s for s in job.steps if s[0] == leader and cut_at + 2.0 < s[6] < back_at and s[4]]
+    assert not alone, (alone, output)
+    same_weights_everywhere(job, 3)
+
+
+def test_a_host_without_the_jobs_secret_joins_no_quorum_and_is_named(bed, tmp_path):
+    # Two hosts of the job share PHALANX_JOB_SECRET; a third host runs the
+    # same command with another secret (a stranger that reaches the
+    # lighthouse's port). Its forwarder cannot prove the secret: the guard
+    # names its address, the stranger's phalanx run says why it cannot take
+    # part and ends with its group, which got no quorum and no weights; the
+    # job's two groups train on alone, and node 0 names the stranger's
+    # writes to the end store, which it ignores.
+    job = Job(
+        tmp_path,
+        "--devices", "1", "--replica-groups", "3", "-o", "quorum_timeout=5",
+        hosts=bed.hosts,
+        env={**os.environ, "PHALANX_JOB_SECRET": "the job's"},
+        started=[0, 1],
+    )  # fmt: skip
+    job.env = {**os.environ, "PHALANX_JOB_SECRET": "a stranger's"}
+    job.start(2)
+    job.wait_for(lambda: any(s[3] >= 10 and s[5] == 2 for s in job.steps), "step 10 of the job's two groups")
+    stranger = bed.hosts[2].address
+    job.wait_for(lambda: f"the lighthouse refused a connection from {stranger}" in job.output, "named")
+    job.wait_for(lambda: job.processes[2].poll() is not None, "the stranger's end")
+    assert job.processes[2].returncode == 1, job.output
+    job.stop_after(3)
+    for node in (0, 1):
+        assert job.processes[node].wait(120) == 0, job.output
+    output = job.output
+    assert "did not let this host in: it did not prove the job's secret" in output, output
+    assert "this host cannot take part in the job: the lighthouse at" in output, output
+    assert "written without the proof of the job's secret (PHALANX_JOB_SECRET): ignored" in output, output
+    assert not [s for s in job.steps if s[0] == 2], output  # not a step, not a heal
+    assert not list(job.out.glob("group2-*.pt")), output
+    same_weights_everywhere(job, 2)
+
+
 def test_node_0_keeps_the_lighthouse_until_the_other_hosts_groups_have_ended(bed, tmp_path):
     # Node 0's groups end first; node 1's group, late, fails afterwards:
     # the lighthouse is still there, and node 1 does not start the group

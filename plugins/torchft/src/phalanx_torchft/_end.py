@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -105,6 +106,7 @@ class JobEnd:
         #: root causes' tracebacks), as this host knows them.
         self._early: dict[int, str] = {}
         self._next_read = 0.0
+        self._beats = 0
         #: The failure every group had before the job's first committed
         #: step, once a host found it so: the job ends.
         self.failed_alike: str | None = None
@@ -126,13 +128,15 @@ class JobEnd:
         if not self.shared:
             return
         if self._make_store is not None:
-            self._store = self._make_store()
+            self._store = _Signed(self._make_store())
         elif self.node_rank == 0:
             from phalanx_core.launching import hosted_store  # imports torch
 
             try:
-                self._store = hosted_store(
-                    self.listen, self.port, wait_for_workers=False, timeout=timedelta(seconds=PATIENCE)
+                self._store = _Signed(
+                    hosted_store(
+                        self.listen, self.port, wait_for_workers=False, timeout=timedelta(seconds=PATIENCE)
+                    )
                 )
             except (OSError, RuntimeError) as exc:
                 raise MisconfigurationError(
@@ -157,7 +161,7 @@ class JobEnd:
         return self.finished_by
 
     def _ask(self) -> None:
-        found = self._call(lambda store: store.get(_FINISHED) if store.check([_FINISHED]) else None)
+        found = self._call(lambda store: store.read(_FINISHED))
         if found is not None:
             self._learned(int(found))
 
@@ -199,8 +203,7 @@ class JobEnd:
 
             def read(store: Any) -> dict[int, str]:
                 keys = {f"{_PREFIX}early/{g}": g for g in range(groups) if g not in self._early}
-                present = [key for key in keys if store.check([key])]
-                return {keys[key]: bytes(store.get(key)).decode(errors="replace") for key in present}
+                return {keys[key]: text for key in keys if (text := store.read(key))}
 
             self._early.update({g: text for g, text in (self._call(read) or {}).items() if text})
         return dict(self._early)
@@ -232,10 +235,10 @@ class JobEnd:
         said = False
         while waiting and not stopped:
             for node in sorted(waiting):
-                if self._store.check([f"{_PREFIX}ended/{node}"]):
+                if self._store.read(f"{_PREFIX}ended/{node}") is not None:
                     waiting.discard(node)
                     continue
-                beat = self._store.add(f"{_PREFIX}beat/{node}", 0)
+                beat = self._store.read(f"{_PREFIX}beat/{node}")
                 if beat != beats[node]:
                     beats[node], changed[node] = beat, time.monotonic()
                 elif time.monotonic() - changed[node] > LOST_AFTER:
@@ -296,9 +299,11 @@ class JobEnd:
 
         def read(store: Any) -> int | str | None:
             prefix = f"{_PREFIX}group/{group}/"
-            if store.check([prefix + "gone"]):
-                return str(store.get(prefix + "gone").decode())
-            return int(store.get(prefix + "offered")) if store.check([prefix + "offered"]) else None
+            gone = store.read(prefix + "gone")
+            if gone is not None:
+                return gone
+            offered = store.read(prefix + "offered")
+            return int(offered) if offered is not None else None
 
         return self._call(read)  # type: ignore[no-any-return]
 
@@ -335,7 +340,8 @@ class JobEnd:
         while not self._stopping.is_set():
             if self._connect():
                 if self.node_rank != 0:
-                    self._call(lambda store: store.add(key, 1))
+                    self._beats += 1
+                    self._call(lambda store: store.set(key, str(self._beats)))
                 if self.finished_by is None:
                     self._ask()
                 if not self._committed or self.failed_alike is None:
@@ -347,8 +353,7 @@ class JobEnd:
         fail alike before it did."""
 
         def read(store: Any) -> tuple[bool, str | None]:
-            alike = store.get(_FAILED_ALIKE) if store.check([_FAILED_ALIKE]) else None
-            return bool(store.check([_COMMITTED])), None if alike is None else bytes(alike).decode()
+            return store.read(_COMMITTED) is not None, store.read(_FAILED_ALIKE)
 
         found = self._call(read)
         if found is not None:
@@ -374,7 +379,7 @@ class JobEnd:
         except (OSError, RuntimeError):
             return False  # node 0 not up yet, or lost: try again at the next beat
         with self._lock:
-            self._store = store
+            self._store = _Signed(store)
         return True
 
     def _call(self, operation: Any) -> Any:
@@ -390,17 +395,65 @@ class JobEnd:
             return None
 
 
+class _Signed:
+    """The job's end store, each value written with the proof of the job's
+    secret (``PHALANX_JOB_SECRET``: an HMAC of the key and the value, as the
+    elastic rounds sign theirs); a value read without a good proof is taken
+    as absent, and said once for each key (a process not of this job
+    reaches the store). Counters (``add``: the numbers of a group's starts,
+    the parts that took one) are not signed: a stranger can only skip a
+    number or take a start away, never end the job or place a part."""
+
+    def __init__(self, store: Any) -> None:
+        from phalanx_torch.nodes import JobSecret
+
+        self._store = store
+        self._secret = JobSecret.from_environment()
+        self._said: set[str] = set()
+
+    def set(self, key: str, value: str) -> None:
+        self._store.set(key, f"{self._secret.sign('end', key, value)} {value}")
+
+    def read(self, key: str) -> str | None:
+        """The value at ``key``, where one with a good proof is there."""
+        if not self._store.check([key]):
+            return None
+        proof, _, value = bytes(self._store.get(key)).decode(errors="replace").partition(" ")
+        if self._secret.proves(proof, "end", key, value):
+            return value
+        if key not in self._said:
+            self._said.add(key)
+            sys.stderr.write(
+                f"phalanx run: the job's end store holds {key!r} written without the proof of the job's "
+                "secret (PHALANX_JOB_SECRET): ignored. A process that is not of this job reaches the "
+                "store, or a host of the job has another secret\n"
+            )
+            sys.stderr.flush()
+        return None
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._store.check(keys))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._store.add(key, amount))
+
+
 def _newest_start(store: Any, prefix: str, part: int) -> tuple[int, str, int] | str | None:
     """In node 0's store, under a group's ``prefix``: why the group is gone,
     else its newest start, claimed for ``part`` (number, address, port),
     else ``None`` (no start yet, or the newest one already had this part:
     this part's earlier run, or the run of a host this one replaces)."""
-    if store.check([prefix + "gone"]):
-        return str(store.get(prefix + "gone").decode())
-    if not store.check([prefix + "offered"]):
+    gone = store.read(prefix + "gone")
+    if gone is not None:
+        return gone
+    offered = store.read(prefix + "offered")
+    if offered is None:
         return None
-    number = int(store.get(prefix + "offered"))
+    number = int(offered)
     if store.add(f"{prefix}joined/{number}/{part}", 1) != 1:
         return None
-    address, port = store.get(f"{prefix}store/{number}").decode().rsplit(" ", 1)
+    where = store.read(f"{prefix}store/{number}")
+    if where is None:
+        return None
+    address, port = where.rsplit(" ", 1)
     return number, address, int(port)

@@ -266,6 +266,8 @@ class Forwarder:
         self._changed = threading.Condition()
         self._relays = _Relays()
         self._refused_said: set[tuple[str, int]] = set()
+        #: Why the lighthouse followed did not let this host in, once it did not.
+        self.refused: str | None = None
         self._listener = _Listener("127.0.0.1", 0, "phalanx-lighthouse-forwarder", self._serve)
         self.port = self._listener.port
 
@@ -329,6 +331,7 @@ class Forwarder:
             if target not in self._refused_said:
                 self._refused_said.add(target)
                 _say(f"the lighthouse at {target[0]}:{target[1]} did not let this host in: {refused}")
+            self.refused = f"the lighthouse at {target[0]}:{target[1]} did not let this host in: {refused}"
             return
         for sock in (conn, upstream):
             sock.settimeout(None)

@@ -197,6 +197,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         #: The traceback every group failed with before the job committed a
         #: step, where they all failed alike (the job then ended).
         self.failed_alike: str | None = None
+        #: Why the job's lighthouse did not let this host in, where it did not.
+        self.refused: str | None = None
+        self._forwarder: Any = None
         #: The tracebacks the groups' ranks printed, each with the first
         #: rank that did (``"group0 rank1"``): printed again, one line.
         self.tracebacks: dict[bytes, str] = {}
@@ -322,7 +325,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         ``max_restarts``, or ``128 + signal`` when this process was
         stopped by a signal (every group is stopped first)."""
         os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at info
-        self.failed_alike, self.tracebacks = None, {}
+        self.failed_alike, self.tracebacks, self.refused = None, {}, None
         folder = Path(tempfile.mkdtemp(prefix="phalanx-replica-groups-"))
         marker = folder / "finished"
         closers: list[Any] = []
@@ -369,12 +372,12 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             for close in reversed(closers):
                 close()
             shutil.rmtree(folder, ignore_errors=True)
-            self.lighthouse_url = self.term_file = None
+            self.lighthouse_url = self.term_file = self._forwarder = None
             for number, handler in previous.items():
                 signal.signal(number, handler)
         if stopped:
             raise SystemExit(128 + stopped[0])
-        if self.failed_alike is not None:
+        if self.failed_alike is not None or self.refused is not None:
             raise SystemExit(failed.exit_status if failed is not None else 1)
         if failed is not None:
             _say(
@@ -414,6 +417,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         self.group_address = self._group_address()
         self.term_file = folder / "lighthouse-term"
         forwarder = Forwarder(term_file=self.term_file)
+        self._forwarder = forwarder
         closers: list[Any] = [forwarder.close]
         try:
             if self._elected:
@@ -524,6 +528,18 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             time.sleep(self.monitor_interval)
             if end.failed_alike is not None:
                 return self._end_alike(end, running, held, given_up)
+            forwarder = self._forwarder
+            if forwarder is not None and forwarder.refused is not None:
+                stop_processes(
+                    [g.process for g in running.values() if g.process is not None], grace=STOP_GRACE
+                )
+                self.refused = forwarder.refused
+                _say(
+                    f"phalanx run: this host cannot take part in the job: {forwarder.refused}. Its groups "
+                    "are stopped and not started again; give every host of the job the same "
+                    "PHALANX_JOB_SECRET"
+                )
+                return given_up
             for index, group in sorted(running.items()):
                 status = group.poll()
                 if status is None:
