@@ -369,9 +369,12 @@ def torchft(session: nox.Session) -> None:
     killed one healing from a peer; a rank stopped with SIGSTOP, its group
     alone restarted after its collective timeout; then on three hosts made of network
     namespaces (root and iproute2, as ``multihost``): a host killed whole,
-    one cut off the network, the lighthouse's host lost; and on four, two
+    one cut off the network, the lighthouse's host lost (and, with an etcd
+    member a host, the elected lighthouse's host lost or cut off: another
+    takes over), a host with another job secret refused; and on four, two
     groups of two hosts each: a rank killed, a host lost, a host cut off."""
-    apt_install(session, "iproute2")
+    # etcd: the lighthouse elected among the hosts (--rendezvous etcd://), an etcd member a host.
+    apt_install(session, "iproute2", "etcd-server")
     install_packages(session)
     session.install(TORCHFT, "pytest>=8", "py-spy")  # py-spy: the stacks of a job that stalls, in a failure
     # One file at a time: with test_ddp_ft.py beside it, test_hosts.py's cut-off test (3 s replica

@@ -75,6 +75,7 @@ class Run:
     ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="phalanx-ddp-ft-"))
         self.steps: list[tuple[int, int, int, bool, float]] = []
+        self.lines: list[str] = []
         self.bed = bed
         command = [sys.executable, "-m", "phalanx", "run", "--accelerator", "cpu", *flags]
         workload = [str(WORKLOAD), str(self.folder), str(args.steps), str(args.pad), str(args.every)]
@@ -103,6 +104,7 @@ class Run:
     def _read(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
+            self.lines.append(line)
             found = LINE.search(line)
             if found:
                 group, pid, step, committed, t = found.groups()

@@ -305,9 +305,9 @@ def test_a_rank_that_stalls_holds_its_own_group_until_its_timeout_and_the_others
     # (with replica_timeout, a survivor's rank gave up there first, and its
     # group was restarted). Group 1's rank 0 waits for the stopped rank in
     # DDP's own collective within the group until the group's collective
-    # timeout (-o timeout, 1800 s by default; 20 s here): then group 1 fails,
+    # timeout (-o timeout, 1800 s by default; 10 s here): then group 1 fails,
     # is started again (its stopped rank killed) and heals.
-    flags = ("-o", "replica_timeout=3", "-o", "timeout=20")
+    flags = ("-o", "replica_timeout=3", "-o", "timeout=10")
     job = Job(
         tmp_path, "--devices", "2", "--replica-groups", "3", "--max-restarts", "1", *flags, stall_at=(1, 1, 5)
     )
@@ -333,7 +333,7 @@ def test_a_rank_that_stalls_holds_its_own_group_until_its_timeout_and_the_others
     for group, rank in itertools.product((0, 2), (0, 1)):
         assert len(ranks_of(job, group, rank)) == 1, output  # groups 0 and 2 never restarted
     assert "replica group 0 failed" not in output and "replica group 2 failed" not in output, output
-    assert "Timed out waiting 20000ms" in output, output  # group 1's own collective timeout
+    assert "Timed out waiting 10000ms" in output, output  # group 1's own collective timeout
     # (Said as the stalled rank's kill: the timed-out rank 0 only lost its peer.)
     assert (
         "phalanx run: replica group 1 failed (a rank was killed by SIGKILL); starting it again (1 of 1)"
@@ -485,6 +485,17 @@ def test_the_replica_groups_options_are_checked():
         ReplicaGroupsLauncher(num_nodes=6, node_rank=0, replica_groups=4)
     with pytest.raises(MisconfigurationError, match=r"lighthouse='node0:29510'; give a running TorchFT"):
         phalanx.resolve("ddp_ft", accelerator="cpu", lighthouse="node0:29510")
+    with pytest.raises(
+        MisconfigurationError, match=r"the hosts elect the lighthouse .* give one or the other"
+    ):
+        ReplicaGroupsLauncher(
+            num_nodes=3, node_rank=0, replica_groups=3, lighthouse="http://10.0.0.1:29510",
+            rendezvous="etcd://10.0.0.1:2379/job",
+        )  # fmt: skip
+    with pytest.raises(
+        MisconfigurationError, match=r"rendezvous='etcd://10.0.0.1:2379/job' with num_nodes=1"
+    ):
+        ReplicaGroupsLauncher(replica_groups=3, rendezvous="etcd://10.0.0.1:2379/job")
 
 
 SRUN_STEP = {  # node 1 of an srun step of one task on each of two nodes, job 4321

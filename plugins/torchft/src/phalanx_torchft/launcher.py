@@ -64,7 +64,7 @@ from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
 
 from ._end import JobEnd
-from ._lighthouse import TERM_FILE_VAR
+from ._lighthouse import LEASE, TERM_FILE_VAR
 from ._variables import (
     COMMITTED_FILE_VAR,
     FINISHED_FILE_VAR,
@@ -240,14 +240,28 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "which TorchFT 0.2 binds so with no option to narrow it"
             )
         return (
-            "node 0: the lighthouse at the main address and port, and a store at the main port + 1 "
-            "where the hosts say that the job has ended and where a group's store is (the lighthouse "
-            "not where lighthouse=URL is given; the store then only where groups span hosts); every "
-            "node: each group's store (a group's first host, where it spans hosts) and its ranks' "
-            "gloo (healing transfers included) on the address that reaches the lighthouse, on ports "
-            "the kernel gives; every interface ([::]): TorchFT's manager server (each group's rank "
-            "0), which TorchFT 0.2 binds so with no option to narrow it"
+            "node 0: the lighthouse's guard at the main address and port (the lighthouse itself on "
+            "127.0.0.1 behind it; with an etcd rendezvous, the elected host's guard at its own address "
+            "and the main port), and a store at the main port + 1 (not with etcd) where the hosts say "
+            "that the job has ended and where a group's store is (no guard, lighthouse or store where "
+            "lighthouse=URL is given; the store then only where groups span hosts); every node: a "
+            "forwarder to the lighthouse on 127.0.0.1, each group's store (a group's first host, where "
+            "it spans hosts) and its ranks' gloo (healing transfers included) on the address that "
+            "reaches the lighthouse, on ports the kernel gives; every interface ([::]): TorchFT's "
+            "manager server (each group's rank 0), which TorchFT 0.2 binds so with no option to narrow it"
         )
+
+    def listening(self) -> str | None:
+        if self.num_nodes > 1 and self._elected:
+            return (
+                "the lighthouse's guard on the elected host, at its address and the main port (the "
+                "lighthouse itself on 127.0.0.1 behind it; the job's end store is in etcd); every node: "
+                "a forwarder to the lighthouse on 127.0.0.1, each group's store and its ranks' gloo "
+                "(healing transfers included) on the address that reaches the first etcd member, on "
+                "ports the kernel gives; every interface ([::]): TorchFT's manager server (each "
+                "group's rank 0), which TorchFT 0.2 binds so with no option to narrow it"
+            )
+        return type(self).listens(self.num_nodes)
 
     def explain(self) -> dict[str, str]:
         here, span = self.groups_here, self.hosts_per_group
@@ -282,13 +296,25 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "TorchFT's, in phalanx run's own process (127.0.0.1, a port from the kernel); "
                 "if that process is lost, so are the groups"
             )
+        elif self._elected:
+            place, port = self._place(), self._main()[1]
+            lighthouse = (
+                f"TorchFT's, elected among the hosts in {place.describe()}: the host that holds "
+                f"/phalanx/{place.name}/lighthouse (a lease of {LEASE} s) runs it on 127.0.0.1 behind a "
+                f"guard at its own address and port {port} that lets in only hosts that prove "
+                "PHALANX_JOB_SECRET; each host's groups reach it through a forwarder on 127.0.0.1 that "
+                "follows the key. If its host is lost, another host runs one once the lease has ended, "
+                "and no group is started again"
+            )
         else:
             main, port = self._main()
             lighthouse = (
                 f"TorchFT's, in node 0's phalanx run process at {main}:{port} (the main address and "
-                "port), kept until every host's groups have ended (node 0 hears of their end at port "
-                f"{port + 1}); if node 0's host is lost, every other group stops with NoQuorumError "
-                "within the strategy's quorum_timeout"
+                "port; on 127.0.0.1 behind a guard there that lets in only hosts that prove "
+                "PHALANX_JOB_SECRET, through each host's forwarder on 127.0.0.1), kept until every "
+                f"host's groups have ended (node 0 hears of their end at port {port + 1}); if node 0's "
+                "host is lost, every other group stops with NoQuorumError within the strategy's "
+                "quorum_timeout (with --rendezvous etcd://... the hosts elect another)"
             )
         return {
             "groups": groups,

@@ -50,6 +50,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -116,9 +117,10 @@ def run_contract(strategy: Any) -> tuple[int, int, list[str], list[str]]:
     return collective.rank, collective.world_size, ran, sorted(collective.unsupported)
 
 
-def run_timeout(strategy: Any, wait: float) -> str:
+def run_timeout(strategy: Any, wait: float, done: str) -> str:
     """Rank 0 all-reduces alone and must get CollectiveTimeoutError naming
-    the operation; the other ranks stay away, then leave."""
+    the operation; the other ranks stay away until it has (it creates the
+    file ``done``), at most ``wait`` seconds, then leave."""
     import torch
 
     if strategy.global_rank == 0:
@@ -126,8 +128,12 @@ def run_timeout(strategy: Any, wait: float) -> str:
             strategy.collective.all_reduce(torch.ones(1))
         except CollectiveTimeoutError as exc:
             return f"timeout:{exc.operation}"
+        finally:
+            Path(done).touch()
         return "completed"
-    time.sleep(wait)
+    deadline = time.monotonic() + wait
+    while not Path(done).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return "away"
 
 
@@ -332,11 +338,14 @@ class CollectiveSuite:
             assert size == world_size, f"rank {rank}: world_size {size}, expected {world_size}"
             assert ran == _expected_checks(frozenset(unsupported)), f"rank {rank} ran {ran}"
 
-    def test_an_operation_that_times_out_says_which(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_an_operation_that_times_out_says_which(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
         if self.timeout is None:
             pytest.skip(f"{type(self).__name__} declares timeout = None: the collective cannot time out")
+        done = str(tmp_path / "timed-out")
         with _bounded(self.hang_guard), _no_leftovers(monkeypatch):
-            results = self.resolve(2, timeout=self.timeout).launch(run_timeout, self.timeout * 3)
+            results = self.resolve(2, timeout=self.timeout).launch(run_timeout, self.timeout * 3, done)
         assert results[0] == "timeout:all_reduce", results
 
     # -- when peers come and go (the fault-tolerance capabilities) ---------------
