@@ -23,11 +23,15 @@ With the rendezvous in etcd (``--rendezvous etcd://...``) every host stands
 for the lighthouse (:class:`Election`): the one that creates the job's key
 ``/phalanx/<job>/lighthouse`` under a lease of :data:`LEASE` seconds runs it,
 and renews the lease while it does. It stops serving once no renewal has
-succeeded for :data:`STEP_DOWN_AFTER` seconds, less than the lease and
-less than the quorum's ``heartbeat_timeout``: a host cut off the network
-stops before etcd lets the lease go (and before it could form a quorum of
-its own groups alone), and only then can another host create the key. So
-two lighthouses never serve at once. The others follow the key's value
+succeeded for a while (:func:`step_down_after`), less than the lease: a
+host cut off the network stops before etcd lets the lease go, and only
+then can another host create the key, so two lighthouses never serve at
+once. What keeps a part of the job cut off from the rest from committing a
+step alone is the quorum's rule: with an elected lighthouse a step needs a
+majority of the groups (the launcher's ``min_replicas`` default), which
+only one part can have; with ``min_replicas`` given lower, the host stops
+serving within half ``heartbeat_timeout``, before its lighthouse could
+drop the groups it no longer hears. The others follow the key's value
 (the new guard's address) and its creation revision, the lighthouse's
 *term*: each host writes the term to a file (``PHALANX_LIGHTHOUSE_TERM``)
 that the groups read when they form their group across the quorum, so that
@@ -48,21 +52,42 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LEASE", "STEP_DOWN_AFTER", "Election", "Forwarder", "Guard"]
+__all__ = ["LEASE", "STEP_DOWN_AFTER", "Election", "Forwarder", "Guard", "step_down_after"]
 
 #: Seconds of the lighthouse's lease in etcd: how long a lost host's
-#: lighthouse holds the job's key (then another host runs one).
-LEASE = 3
+#: lighthouse holds the job's key (then another host runs one). A step
+#: waits ``quorum_timeout`` for its quorum: well above this (10 s by default).
+LEASE = 2
 #: How often the lighthouse's host renews its lease.
 RENEW_EVERY = 0.2
 #: Seconds without a renewal after which the lighthouse's host stops
-#: serving: less than :data:`LEASE` (it stops before another can start),
-#: and less than a quorum's ``heartbeat_timeout`` (1 s by default: a host
-#: cut off stops before its lighthouse could drop the groups it no longer
-#: hears and form a quorum of its own groups alone).
-STEP_DOWN_AFTER = 0.6
+#: serving, where a step needs a majority of the groups
+#: (:func:`step_down_after`): less than :data:`LEASE`, so that it stops
+#: before another host can start one; long enough to ride out etcd electing
+#: a new leader of its own (about a second where a member is lost).
+STEP_DOWN_AFTER = 1.5
+
+
+def step_down_after(min_replicas: int, replica_groups: int, heartbeat_timeout: float) -> float:
+    """How long the lighthouse's host serves without renewing its lease.
+    Where a step needs a majority of the groups, a part of the job cut off
+    from the rest never commits alone, and :data:`STEP_DOWN_AFTER`. With
+    fewer (``min_replicas`` given lower), the host must stop before its
+    lighthouse could drop the groups it no longer hears (after
+    ``heartbeat_timeout``) and make a quorum of its own groups alone: half
+    ``heartbeat_timeout``, at most 0.6 s (a hiccup of etcd's then moves the
+    lighthouse, at the cost of a stall)."""
+    if min_replicas > replica_groups // 2:
+        return STEP_DOWN_AFTER
+    return min(0.6, heartbeat_timeout / 2)
+
+
 #: Seconds a handshake may take.
 HANDSHAKE_TIMEOUT = 5.0
+#: Seconds the forwarder's connection to a guard may take to open (a host
+#: cut off answers nothing): then it tries again, the lighthouse it follows
+#: by then.
+CONNECT_TIMEOUT = 1.0
 #: Seconds a connection through the forwarder waits for a lighthouse to
 #: follow (one being elected), then is closed (TorchFT's client retries).
 FOLLOW_WAIT = 10.0
@@ -314,7 +339,7 @@ class Forwarder:
                 conn.close()
                 return
             try:
-                upstream = socket.create_connection(target, timeout=HANDSHAKE_TIMEOUT)
+                upstream = socket.create_connection(target, timeout=CONNECT_TIMEOUT)
                 upstream.settimeout(HANDSHAKE_TIMEOUT)
                 refused = _client_handshake(upstream, self._proofs)
                 break
@@ -358,6 +383,7 @@ class Election:
         port: int,
         start_lighthouse: Callable[[], tuple[int, Callable[[], None]]],
         forwarder: Forwarder,
+        step_down_after: float = STEP_DOWN_AFTER,
     ) -> None:
         self._client = client
         self._key = f"/phalanx/{job}/lighthouse".encode()
@@ -367,6 +393,7 @@ class Election:
         self._stopping = threading.Event()
         self._serving: tuple[Guard, Callable[[], None], int] | None = None
         self._renewed = 0.0
+        self._step_down_after = step_down_after
         #: Whether this host runs the lighthouse now.
         self.leading = False
         self._thread = threading.Thread(target=self._run, name="phalanx-lighthouse-election", daemon=True)
@@ -435,10 +462,10 @@ class Election:
                 self._client.revoke(lease)
 
     def _watch_renewals(self) -> None:
-        """Step down once no renewal has succeeded for STEP_DOWN_AFTER s."""
+        """Step down once no renewal has succeeded for ``step_down_after`` s."""
         while self.leading and not self._stopping.is_set():
-            if time.monotonic() - self._renewed > STEP_DOWN_AFTER:
-                self._step_down(f"no renewal of its lease in etcd for {STEP_DOWN_AFTER:g} s")
+            if time.monotonic() - self._renewed > self._step_down_after:
+                self._step_down(f"no renewal of its lease in etcd for {self._step_down_after:g} s")
                 return
             time.sleep(0.05)
 

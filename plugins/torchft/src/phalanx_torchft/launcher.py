@@ -62,6 +62,7 @@ from phalanx_core.launching import (
 )
 from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
+from phalanx_torch.nodes import parse_rendezvous
 
 from ._end import JobEnd
 from ._lighthouse import LEASE, TERM_FILE_VAR
@@ -90,8 +91,12 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             ``num_nodes`` hosts, a multiple of ``num_nodes``.
         max_restarts: how many times *each group* may be started again
             after it failed (default 3; ``--max-restarts``).
-        min_replicas: the fewest groups a step may have (default 1): the
-            lighthouse forms no quorum of fewer, and the survivors wait.
+        min_replicas: the fewest groups a step may have: the lighthouse
+            forms no quorum of fewer, and the survivors wait. Default 1;
+            with ``rendezvous`` in etcd (the lighthouse elected) a majority
+            of the groups, ``replica_groups // 2 + 1``: a part of the job cut
+            off from the rest never commits a step on its own (no split
+            brain, whatever the timing; see :mod:`._lighthouse`).
         heartbeat_timeout: seconds without a heartbeat after which the
             lighthouse drops a group from the quorum (default 1.0). A
             survivor's stall after a group dies is about this long.
@@ -121,7 +126,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         node_rank: int | None = None,
         replica_groups: int = 2,
         max_restarts: int = 3,
-        min_replicas: int = 1,
+        min_replicas: int | None = None,
         heartbeat_timeout: float = 1.0,
         join_timeout: float = 1.0,
         quorum_tick: float = 0.05,
@@ -146,6 +151,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "the rendezvous in etcd the hosts elect the lighthouse among themselves (one runs it, "
                 "another takes over if its host is lost); give one or the other"
             )
+        if min_replicas is None:
+            elected = rendezvous is not None and parse_rendezvous(rendezvous, *self._main()).kind == "etcd"
+            min_replicas = replica_groups // 2 + 1 if elected and isinstance(replica_groups, int) else 1
         for name, value in (("replica_groups", replica_groups), ("min_replicas", min_replicas)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise MisconfigurationError(
@@ -433,7 +441,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             self.lighthouse_url = f"http://{LOOPBACK}:{local}"
             self.group_address = LOOPBACK
             return [stop]
-        from ._lighthouse import Election, Forwarder, Guard
+        from ._lighthouse import Election, Forwarder, Guard, step_down_after
 
         if self._elected:
             toward, _ = self._place().endpoints[0]
@@ -457,6 +465,9 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                     port,
                     self._local_lighthouse,
                     forwarder,
+                    step_down_after=step_down_after(
+                        self.min_replicas, self.replica_groups, self.heartbeat_timeout
+                    ),
                 )
                 election.start()
                 closers.append(election.close)
