@@ -110,6 +110,9 @@ class JobEnd:
         #: The failure every group had before the job's first committed
         #: step, once a host found it so: the job ends.
         self.failed_alike: str | None = None
+        #: Whether the shared store was reached and then failed a request
+        #: (node 0 lost): what the other hosts say is unknown until it answers.
+        self.lost = False
         self._store: Any = None
         #: Where the store is another than node 0's (the rendezvous' etcd):
         #: what makes a client of it.
@@ -345,6 +348,7 @@ class JobEnd:
                 if self.finished_by is None:
                     self._ask()
                 if not self._committed or self.failed_alike is None:
+                    self.has_committed()  # this host's groups' first commit, told to the others
                     self._ask_early()
             self._stopping.wait(BEAT)
 
@@ -364,8 +368,14 @@ class JobEnd:
 
     def _connect(self) -> bool:
         with self._lock:
-            if self._store is not None or self._make_store is not None:
-                return self._store is not None
+            if self._store is not None:
+                return True
+            if self._make_store is not None:  # in etcd: a client again (it connects per request)
+                self._store = _Signed(self._make_store())
+                self.lost = False
+                return True
+            if self.node_rank == 0:
+                return False  # its own store, gone with close()
         import torch.distributed as dist
 
         try:  # a plain connection first: torch's client logs every refused try
@@ -384,15 +394,37 @@ class JobEnd:
 
     def _call(self, operation: Any) -> Any:
         """``operation(store)``, or ``None`` where there is no store or it
-        failed (node 0 lost, or not reached yet)."""
+        failed (node 0 lost, or not reached yet). A client whose request
+        failed is dropped, and connected again at the next beat after a
+        plain connection succeeds: torch's client logs a C++ stack (about 25
+        lines) at each request on a connection that broke, every second
+        while node 0 is lost (1,082 such lines in one run of the lighthouse's
+        host lost, before)."""
         with self._lock:
             store = self._store
         if store is None:
             return None
+        if self.node_rank != 0 and self._make_store is None and not self._answers():
+            with self._lock:  # node 0 lost: no request on the broken connection (torch logs its C++ stack)
+                if self._store is store:
+                    self._store, self.lost = None, True
+            return None
         try:
             return operation(store)
         except (OSError, RuntimeError):
+            with self._lock:
+                if self._store is store and not (self.node_rank == 0 and self._make_store is None):
+                    self._store = None
+                    self.lost = True
             return None
+
+    def _answers(self) -> bool:
+        """Whether node 0's store takes a connection now (a plain one)."""
+        try:
+            socket.create_connection((self.address, self.port), timeout=PATIENCE / 4).close()
+        except OSError:
+            return False
+        return True
 
 
 class _Signed:

@@ -611,6 +611,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 elif not end.has_committed() and (failure := group.failure()) is not None:
                     del running[index]
                     held[index] = group
+                    group.held_at = time.monotonic()
                     end.failed_early(index, failure)
                     if group.restarts >= self.max_restarts:
                         given_up = given_up or group
@@ -650,7 +651,14 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
         and not alike, each starts again (or, past its restarts, is given
         up); every group failed alike: :attr:`failed_alike` is set (the
         watch ends the job at its next look)."""
-        if not end.has_committed():
+        held_since = min(group.held_at for group in held.values())
+        if end.lost or time.monotonic() - held_since > HOLD_LIMIT:
+            # The other hosts cannot be asked (node 0's store lost), or no
+            # verdict came in time (a group slow to fail or to commit):
+            # started again as any failed group is.
+            why = "node 0's store, where the hosts meet, is lost" if end.lost else f"{HOLD_LIMIT:g} s passed"
+            _say(f"phalanx run: held replica group(s) {', '.join(map(str, sorted(held)))} start again: {why}")
+        elif not end.has_committed():
             failures = end.early_failures(self.replica_groups)
             if len(failures) < self.replica_groups:
                 return given_up
@@ -723,6 +731,8 @@ class _Group:
         self.why_not_started = ""
         #: When :meth:`superseded` next reads node 0's store.
         self._next_look = 0.0
+        #: When the group was held (failed before the job's first commit).
+        self.held_at = 0.0
         #: Where the group's launching process writes its first failed
         #: rank's traceback.
         self.failure_file = end.marker.with_name(f"group{index}-failure")
@@ -911,6 +921,9 @@ class _Group:
 #: TorchFT's variable: how many times a group's manager asks again for a
 #: quorum whose request failed.
 QUORUM_RETRIES_VAR = "TORCHFT_QUORUM_RETRIES"
+#: Seconds a group that failed before the job's first committed step is
+#: held at most, waiting for the verdict (a commit, or every group failed).
+HOLD_LIMIT = 60.0
 #: Seconds one request to the end store in etcd may take.
 PATIENCE_OF_END = 2.0
 
