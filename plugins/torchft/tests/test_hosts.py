@@ -202,7 +202,7 @@ def test_with_the_rendezvous_in_etcd_the_lighthouses_host_cut_off_and_back_split
     # by two quorums with different members: every group that committed a
     # step holds the same weights after it.
     endpoints = bed.start_etcd(tmp_path)
-    flags = ("--devices", "1", "--replica-groups", "3", "-o", "replica_timeout=3", "-o", "quorum_timeout=5")
+    flags = ("--devices", "1", "--replica-groups", "3", "-o", "replica_timeout=3")
     job = Job(tmp_path, *flags, "--rendezvous", f"etcd://{endpoints}/ft-split", hosts=bed.hosts)
     job.wait_for(lambda: any(s[3] >= 8 and s[5] == 3 for s in job.steps), "step 8 with three groups")
     leader = lighthouse_host(bed, job)

@@ -242,7 +242,8 @@ class TestBed:
     def start_etcd(self, folder: Path, hosts: Sequence[Host] | None = None) -> str:
         """One etcd member on each of ``hosts`` (default: every host), its
         data under ``folder``, the v3 API only (as etcd 3.6 runs); they
-        end with the bed. Their client addresses, ``"A:2379,B:2379,..."``
+        end with the bed; with pre-vote (a member cut off and back does
+        not disturb the others' leader). Their client addresses, ``"A:2379,B:2379,..."``
         (for ``--rendezvous etcd://...``). Needs ``etcd`` on the PATH."""
         etcd = shutil.which("etcd")
         if etcd is None:
@@ -257,6 +258,9 @@ class TestBed:
                 "--listen-peer-urls", f"http://{host.address}:2380",
                 "--initial-advertise-peer-urls", f"http://{host.address}:2380",
                 "--initial-cluster", members, "--initial-cluster-state", "new",
+                # A member cut off and back does not make the others elect a
+                # leader again (etcd 3.5 and later pre-vote by default).
+                "--pre-vote",
                 "--log-level", "error",
             ]  # fmt: skip
             host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
