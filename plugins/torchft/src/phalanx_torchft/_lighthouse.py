@@ -452,7 +452,12 @@ class Election:
         try:
             while not self._stopping.is_set() and self.leading:
                 sent = time.monotonic()
-                if self._client.keepalive(lease) <= 0:
+                try:
+                    left = self._client.keepalive(lease)
+                except (OSError, RuntimeError) as exc:  # etcd unreachable, or refused the renewal
+                    self._step_down(f"etcd did not renew its lease ({exc})")
+                    return
+                if left <= 0:
                     self._step_down("its lease in etcd ended")
                     return
                 if self.leading:
@@ -478,11 +483,13 @@ class Election:
         if serving is None:
             return
         guard, stop, term = serving
-        guard.close()
-        stop()
+        guard.close()  # from here on no connection reaches the lighthouse
         self._forwarder.lose()
         if why:
             _say(f"this host stops running the job's lighthouse (term {term}): {why}")
+        # TorchFT's shutdown waits for the quorum requests it holds (a group
+        # waiting for a quorum that cannot form: up to quorum_timeout).
+        threading.Thread(target=stop, name="phalanx-lighthouse-stop", daemon=True).start()
 
     def close(self) -> None:
         """Stop standing; step down where this host leads (another host
