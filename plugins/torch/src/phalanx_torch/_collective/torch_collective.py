@@ -280,6 +280,11 @@ class TorchCollective(Collective):
         try:
             with gloo_connection_lines_hidden():
                 made = form(backend, membership, self.timeout)
+                # Every member has made its connections before any goes on: a
+                # member that reconfigured again at once (aborting these)
+                # broke a slower one's half-made connection, which gloo then
+                # made again, alone, until the timeout (a hang under load).
+                made.barrier(dist.BarrierOptions()).wait()
         except RuntimeError as exc:
             raise self._translate(exc, "reconfigure") from exc
         self._calls = BackendCalls(made, membership.rank, membership.world_size)
