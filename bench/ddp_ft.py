@@ -204,31 +204,12 @@ def baseline_env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from ``/proc``)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` runs (exists and has not exited: a zombie
-    waits only to be reaped, its sockets closed)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def loader_stalls(args: argparse.Namespace) -> None:
     """``--loader-workers``: the ``ddp_ft`` kill alone, for each count of
     loader workers, ``--repeat`` times (alternating with the checkout of
     ``--baseline-tree``, where given)."""
+    from phalanx_core.testing.processes import descendants, is_alive
+
     counts = [int(n) for n in args.loader_workers.split(",")]
     flags = ["--strategy", "ddp_ft", "--replica-groups", str(args.groups), "--devices", "1"]
     flags += ["-o", f"heartbeat_timeout={args.heartbeat_timeout}", "--max-restarts", "1"]
@@ -246,12 +227,12 @@ def loader_stalls(args: argparse.Namespace) -> None:
                         raise RuntimeError(f"the job ended before the kill ({tree}, {run.folder})")
                     time.sleep(0.01)
                 victim = next(s[1] for s in reversed(run.steps) if s[0] == 1)
-                left = children(victim)
+                left = descendants(victim)
                 os.kill(victim, signal.SIGKILL)
                 killed = time.monotonic()
                 outlived = 0.0
                 while left:
-                    left = [pid for pid in left if running(pid)]
+                    left = {pid for pid in left if is_alive(pid)}
                     outlived = time.monotonic() - killed
                     time.sleep(0.005)
                 run.wait()

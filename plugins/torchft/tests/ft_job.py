@@ -455,27 +455,6 @@ class Job:
         }
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` runs: exists and has not exited (a zombie
-    only waits to be reaped; its sockets are closed)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def ranks_of(job: Job, group: int, rank: int) -> list[int]:
     """The pids that ran ``rank`` of ``group``, in the order they trained."""
     return list(dict.fromkeys(s[2] for s in job.steps if s[0] == group and s[1] == rank))

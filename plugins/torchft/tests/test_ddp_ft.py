@@ -19,11 +19,12 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job, a_late_group_once_the_job_has_finished, children, ranks_of, running
+from ft_job import Job, a_late_group_once_the_job_has_finished, ranks_of
 from phalanx_torchft.launcher import ReplicaGroupsLauncher
 
 import phalanx
 from phalanx_core import CheckpointDirectory, MisconfigurationError
+from phalanx_core.testing.processes import descendants, is_alive
 
 
 def alive(pid: int) -> bool:
@@ -89,7 +90,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
     victim_file = job.out / "victim"
     job.wait_for(victim_file.exists, f"group 1 at step {park_at}")
     victim = int(victim_file.read_text())
-    left = children(victim)  # its loader workers, if any
+    left = descendants(victim)  # its loader workers, if any
     assert len(left) == workers, left
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -111,7 +112,7 @@ def test_a_killed_group_heals_from_a_peer_while_the_others_train_on(
         # survivors in their all-reduce with it until they exited), were
         # ended with it by its group's launcher.
         assert f"rank 0 failed and left {workers} process(es) of its own running" in output, output
-        assert not [pid for pid in left if running(pid)], left
+        assert not [pid for pid in left if is_alive(pid)], left
         # The script's epoch loop: group 1 healed into a later epoch (1 or,
         # back late, 2) while its script was at set_epoch(0), and went on
         # from there (the epochs' samples below: each once).

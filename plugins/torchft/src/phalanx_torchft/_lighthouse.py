@@ -170,6 +170,9 @@ class _Relays:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
 
     def start(self, a: socket.socket, b: socket.socket) -> None:
+        for sock in (a, b):
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pair = (a, b)
         with self._lock:
             self._pairs.add(pair)
@@ -235,7 +238,18 @@ class _Listener:
             self._socket.close()
 
 
-class Guard:
+class _Relaying:
+    """A listener and the connections it relays (a guard, a forwarder)."""
+
+    _listener: _Listener
+    _relays: _Relays
+
+    def close(self) -> None:
+        self._listener.close()
+        self._relays.close_all()
+
+
+class Guard(_Relaying):
     """In front of the lighthouse at ``127.0.0.1:target``: listens on
     ``address:port`` and relays each connection that proves the job's
     secret; names (once each) the addresses of those that do not."""
@@ -271,17 +285,10 @@ class Guard:
         except OSError:
             conn.close()
             return
-        for sock in (conn, upstream):
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._relays.start(conn, upstream)
 
-    def close(self) -> None:
-        self._listener.close()
-        self._relays.close_all()
 
-
-class Forwarder:
+class Forwarder(_Relaying):
     """On ``127.0.0.1`` and a port the kernel gives (:attr:`port`): relays
     each connection (a manager's, to the lighthouse) to the guard it
     follows (:meth:`follow`), after proving the job's secret to it."""
@@ -361,14 +368,7 @@ class Forwarder:
                 _say(f"the lighthouse at {target[0]}:{target[1]} did not let this host in: {refused}")
             self.refused = f"the lighthouse at {target[0]}:{target[1]} did not let this host in: {refused}"
             return
-        for sock in (conn, upstream):
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._relays.start(conn, upstream)
-
-    def close(self) -> None:
-        self._listener.close()
-        self._relays.close_all()
 
 
 class Election:
