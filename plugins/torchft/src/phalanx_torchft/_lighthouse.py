@@ -66,8 +66,7 @@ RENEW_EVERY = 0.2
 #: before another host can start one; long enough to ride out etcd electing
 #: a new leader of its own (up to 2 s with etcd's default election timeout,
 #: where its leader's member is lost or, without pre-vote, one cut off comes
-#: back: at 1.5 s, 2 of 20 trials under load stepped down for it, and with
-#: ``quorum_timeout=5`` the survivors restarted).
+#: back), during which no renewal succeeds.
 STEP_DOWN_AFTER = 2.5
 
 
