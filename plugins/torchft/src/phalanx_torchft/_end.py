@@ -397,9 +397,8 @@ class JobEnd:
         failed (node 0 lost, or not reached yet). A client whose request
         failed is dropped, and connected again at the next beat after a
         plain connection succeeds: torch's client logs a C++ stack (about 25
-        lines) at each request on a connection that broke, every second
-        while node 0 is lost (1,082 such lines in one run of the lighthouse's
-        host lost, before)."""
+        lines) at each request on a connection that broke, and the hosts
+        ask once a second while node 0 is lost."""
         with self._lock:
             store = self._store
         if store is None:

@@ -282,8 +282,8 @@ class TorchCollective(Collective):
                 made = form(backend, membership, self.timeout)
                 # Every member has made its connections before any goes on: a
                 # member that reconfigured again at once (aborting these)
-                # broke a slower one's half-made connection, which gloo then
-                # made again, alone, until the timeout (a hang under load).
+                # would break a slower one's half-made connection, which gloo
+                # then makes again, alone, until the timeout.
                 made.barrier(dist.BarrierOptions()).wait()
         except RuntimeError as exc:
             raise self._translate(exc, "reconfigure") from exc
