@@ -209,6 +209,31 @@ def test_a_group_that_heals_into_a_later_epoch_skips_the_epochs_its_script_is_be
     assert "joined the job in epoch 2" in capsys.readouterr().err
 
 
+def test_a_group_that_heals_in_an_epochs_last_step_is_told_at_its_next_set_epoch(capsys):
+    # Its first step is the last of the job's epoch 1: committed, it ends
+    # the script's epoch 0 loop, and the loader, in epoch 2 by then, says
+    # so at the script's set_epoch(1), whose pass gives nothing.
+    _, peer = one_group_loader()
+    peer.set_epoch(1)
+    batches = iter(peer)
+    for _ in range(SAMPLES // 10 - 1):
+        next(batches)
+        peer._settle(True, 1, frozenset({0}))
+    _, healed = one_group_loader()
+    passes: dict[int, int] = {}
+    for epoch in range(3):
+        healed.set_epoch(epoch)
+        for _batch in healed:
+            if healed.epoch == 0:  # its first step: healed, its batch not trained
+                healed._heal(peer.state_dict())
+            passes[epoch] = passes.get(epoch, 0) + 1
+            healed._settle(True, 1, frozenset({0}))
+    assert passes == {0: 1, 2: SAMPLES // 10}
+    assert "joined the job in epoch 2 (healed from its peers) while its script is at set_epoch(1)" in (
+        capsys.readouterr().err
+    )
+
+
 def test_set_epoch_ahead_starts_that_epoch_but_not_in_the_middle_of_one():
     from phalanx_core import MisconfigurationError
 
