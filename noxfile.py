@@ -376,11 +376,16 @@ def torchft(session: nox.Session) -> None:
     # etcd: the lighthouse elected among the hosts (--rendezvous etcd://), an etcd member a host.
     apt_install(session, "iproute2", "etcd-server")
     install_packages(session)
-    session.install(TORCHFT, "pytest>=8", "py-spy")  # py-spy: the stacks of a job that stalls, in a failure
-    # One file at a time: with test_ddp_ft.py beside it, test_hosts.py's cut-off test (3 s replica
-    # and 5 s quorum timeouts) once ended with a group's weights missing, where 12 passes one file
-    # at a time under other load did not.
-    session.run("pytest", "plugins/torchft/tests", *session.posargs, env={"PHALANX_REAL_RUNS": "torchft"})
+    session.install(TORCHFT, "pytest>=8", "py-spy", *XDIST)  # py-spy: the stacks of a job that stalls
+    # Two files at a time, as ``multihost``: test_hosts.py's beds are namespaces of their own, and
+    # most of its time is waiting (a lost host's heartbeat, a quorum's timeout). One file at a time
+    # this session took 11 of CI's 68 minutes; two at a time 8 here, where one took 11 or more.
+    session.run(
+        "pytest",
+        *PARALLEL,
+        *(session.posargs or ["plugins/torchft/tests"]),
+        env={"PHALANX_REAL_RUNS": "torchft"},
+    )
 
 
 #: The oldest and the newest torch of the range phalanx supports

@@ -161,6 +161,13 @@ SCRIPT = textwrap.dedent(
               f"participants={strategy.participants} participating={strategy.participating} "
               f"t={time.monotonic():.3f} "
               f"sum={sum(float(local(p).detach().square().sum()) for p in model.parameters()):.6f}")
+        if getattr(strategy, "at_sync", False):  # local_sgd_ft, diloco_ft: a window's end
+            parts = ",".join(
+                f"{sum(float(p.detach().square().sum()) for p in child.parameters()):.6f}"
+                for child in strategy.unwrap_module(model).children() if any(True for _ in child.parameters())
+            )
+            say(f"SYNC {where} step={strategy.current_step} committed={strategy.committed} "
+                f"contributed={strategy.contributed} parts={parts}")
     whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     torch.save(
         {"weights": whole, "loads": loads, "restarts": strategy.restart_count, "rereads": loader.rereads,
@@ -172,11 +179,45 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+#: A script that saves a checkpoint every three steps and resumes from the newest.
+CHECKPOINTED = textwrap.dedent(
+    """
+    import functools, os, sys
+    from pathlib import Path
+    import torch
+    import phalanx
+    from phalanx_core import CheckpointDirectory
+
+    out, until = Path(sys.argv[1]), int(sys.argv[2])
+    strategy = phalanx.resolve()
+    strategy.launch()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.1))
+    checkpoints = CheckpointDirectory(out / "ckpt")
+    first = strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
+    if strategy.global_rank == 0:
+        print(f"RESUMED group={strategy.replica_group} at={first} step={strategy.current_step}", flush=True)
+    while strategy.current_step < until:
+        optimizer.zero_grad()
+        strategy.backward(model(torch.ones(2, 4)).sum())
+        strategy.optimizer_step(optimizer)
+        if strategy.current_step % 3 == 0:
+            checkpoints.save(strategy, strategy.current_step, {"model": model, "optimizer": optimizer})
+            if strategy.is_global_zero:
+                print(f"WROTE group={strategy.replica_group} step={strategy.current_step}", flush=True)
+    """
+)
+
+
 LINE = re.compile(
     r"STEP group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) participants=(\d+) "
     r"participating=(\w+) t=([\d.]+) sum=([\d.]+)"
 )
 BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
+SYNC = re.compile(
+    r"SYNC group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) contributed=(\w+) parts=([\d.,]+)"
+)
 
 
 class Job:
@@ -224,6 +265,10 @@ class Job:
         self.participated: dict[int, list[bool]] = {}  # by pid: each step's
         self.batches: dict[int, list[tuple[int, list[int]]]] = {}  # by pid: (epoch, ids)
         self.drawn: dict[int, list[tuple[int, int, int]]] = {}  # by pid: (group, rank, step) of each batch
+        # local_sgd_ft, diloco_ft: (group, rank, pid, step, committed, contributed, parts' sums) of each
+        # sync; by pid, its batches and syncs in order.
+        self.syncs: list[tuple[int, int, int, int, bool, bool, str]] = []
+        self.events: dict[int, list[tuple[str, Any, list[int]]]] = {}
         self.command = [
             *launch, sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
             *flags,
@@ -286,6 +331,24 @@ class Job:
             group, rank, pid, step, epoch, ids = batch.groups()
             self.batches.setdefault(int(pid), []).append((int(epoch), [int(i) for i in ids.split(",")]))
             self.drawn.setdefault(int(pid), []).append((int(group), int(rank), int(step)))
+            self.events.setdefault(int(pid), []).append(
+                ("batch", int(epoch), [int(i) for i in ids.split(",")])
+            )
+        sync = SYNC.search(line)
+        if sync:
+            group, rank, pid, step, committed, contributed, parts = sync.groups()
+            self.syncs.append(
+                (
+                    int(group),
+                    int(rank),
+                    int(pid),
+                    int(step),
+                    committed == "True",
+                    contributed == "True",
+                    parts,
+                )
+            )
+            self.events.setdefault(int(pid), []).append(("sync", contributed == "True", []))
 
     @property
     def output(self) -> str:
@@ -418,6 +481,7 @@ class Job:
         # have reached this process.
         record = Job.__new__(Job)
         record.lines, record.steps, record.participated, record.batches, record.drawn = [], [], {}, {}, {}
+        record.syncs, record.events = [], {}
         record.log = None
         for path in sorted(self.out.glob("records-*")):
             for line in path.read_text().splitlines():
@@ -444,6 +508,30 @@ class Job:
                 (epoch, ids), (_, rank, step) = batches[-1], record.drawn[pid][-1]
                 if len(groups_drawn[rank, step, epoch]) in commits[rank, step]:
                     counts[epoch].update(ids)
+        return counts
+
+    def windows_trained(self) -> dict[int, collections.Counter[int]]:
+        """Under ``local_sgd_ft`` and ``diloco_ft``: by epoch, how many
+        times each sample was in a window that a sync took (its group's
+        batches since its last sync, where that sync says the group
+        contributed)."""
+        record = Job.__new__(Job)
+        record.lines, record.steps, record.participated, record.batches, record.drawn = [], [], {}, {}, {}
+        record.syncs, record.events, record.log = [], {}, None
+        for path in sorted(self.out.glob("records-*")):
+            for line in path.read_text().splitlines():
+                record._parse(line)
+        counts: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+        for events in record.events.values():
+            window: list[tuple[int, list[int]]] = []
+            for kind, value, ids in events:
+                if kind == "batch":
+                    window.append((value, ids))
+                    continue
+                if value:
+                    for epoch, taken in window:
+                        counts[epoch].update(taken)
+                window = []
         return counts
 
     def ends(self) -> dict[int, dict]:

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="phalanx-torchft's tests need torchft: pip install 'torchft>=0.2,<0.3'")
 
-from ft_job import Job, a_late_group_once_the_job_has_finished, ranks_of
+from ft_job import CHECKPOINTED, Job, a_late_group_once_the_job_has_finished, ranks_of
 from phalanx_torchft.launcher import ReplicaGroupsLauncher
 
 import phalanx
@@ -603,36 +603,6 @@ def test_explain_shows_the_groups_the_lighthouse_and_the_quorum_rule():
         "lighthouse",
         "quorum",
     ]
-
-
-CHECKPOINTED = textwrap.dedent(
-    """
-    import functools, os, sys
-    from pathlib import Path
-    import torch
-    import phalanx
-    from phalanx_core import CheckpointDirectory
-
-    out, until = Path(sys.argv[1]), int(sys.argv[2])
-    strategy = phalanx.resolve()
-    strategy.launch()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    model, optimizer = strategy.setup(model, functools.partial(torch.optim.SGD, lr=0.1))
-    checkpoints = CheckpointDirectory(out / "ckpt")
-    first = strategy.resume(checkpoints, {"model": model, "optimizer": optimizer})
-    if strategy.global_rank == 0:
-        print(f"RESUMED group={strategy.replica_group} at={first} step={strategy.current_step}", flush=True)
-    while strategy.current_step < until:
-        optimizer.zero_grad()
-        strategy.backward(model(torch.ones(2, 4)).sum())
-        strategy.optimizer_step(optimizer)
-        if strategy.current_step % 3 == 0:
-            checkpoints.save(strategy, strategy.current_step, {"model": model, "optimizer": optimizer})
-            if strategy.is_global_zero:
-                print(f"WROTE group={strategy.replica_group} step={strategy.current_step}", flush=True)
-    """
-)
 
 
 @pytest.mark.parametrize(("strategy", "devices"), [("ddp_ft", 1), ("hsdp_ft", 2)], ids=["ddp_ft", "hsdp_ft"])

@@ -91,4 +91,60 @@ def phalanx_strategies() -> list[StrategySpec]:
             },
             collective_needs=("liveness", "reconfigure"),
         ),
+        StrategySpec(
+            name="local_sgd_ft",
+            target=f"{_PKG}.windowed:LocalSGDFTStrategy",
+            summary="Local SGD across TorchFT replica groups: each group trains sync_every steps on its "
+            "own, then their parameters are averaged; a lost group drops out at the next sync, and it "
+            "heals from a peer when it is back",
+            launcher="replica_groups",
+            collective="torch",
+            parallel=True,
+            priority=-42,
+            needs=_NEEDS,
+            install=INSTALL,
+            traffic={
+                "torch": "gradients: DDP's buckets within the replica group through the torch "
+                "collective's c10d group each step; between the groups only at a sync, every "
+                "sync_every steps (default 16): each rank's parameters averaged across the sync's "
+                "groups through a 'torch' collective of their own (gloo), formed again at each TorchFT "
+                "quorum (reconfigure)",
+                "*": "gradients: DDP's buckets within the replica group through the {collective!r} "
+                "collective each step; between the groups only at a sync, every sync_every steps "
+                "(default 16): each rank's parameters averaged across the sync's groups through a "
+                "{across!r} collective of their own, formed again at each TorchFT quorum (reconfigure)",
+            },
+            collective_needs=("liveness", "reconfigure"),
+        ),
+        StrategySpec(
+            name="diloco_ft",
+            target=f"{_PKG}.windowed:DiLoCoFTStrategy",
+            summary="DiLoCo across TorchFT replica groups: each group trains sync_every steps on its "
+            "own, then an outer optimizer steps the model with their averaged change (fragments: "
+            "Streaming DiLoCo); a lost group drops out at the next sync, and it heals from a peer",
+            launcher="replica_groups",
+            collective="torch",
+            parallel=True,
+            priority=-43,
+            needs=_NEEDS,
+            install=INSTALL,
+            traffic={
+                "torch": "gradients: DDP's buckets within the replica group through the torch "
+                "collective's c10d group each step; between the groups only at a sync, every "
+                "sync_every steps (default 500; a fragment every sync_every / fragments): each rank's "
+                "change of the parameters over the window (all of the model, or a fragment's part), "
+                "averaged across the sync's groups through a 'torch' collective of their own (gloo), "
+                "formed again at each TorchFT quorum (reconfigure), then stepped by the outer optimizer "
+                "(SGD, lr 0.7, momentum 0.9, Nesterov, unless outer_lr, outer_momentum or "
+                "outer_optimizer say otherwise)",
+                "*": "gradients: DDP's buckets within the replica group through the {collective!r} "
+                "collective each step; between the groups only at a sync, every sync_every steps "
+                "(default 500; a fragment every sync_every / fragments): each rank's change of the "
+                "parameters over the window (all of the model, or a fragment's part), averaged across "
+                "the sync's groups through a {across!r} collective of their own, formed again at each "
+                "TorchFT quorum (reconfigure), then stepped by the outer optimizer (SGD, lr 0.7, "
+                "momentum 0.9, Nesterov, unless outer_lr, outer_momentum or outer_optimizer say otherwise)",
+            },
+            collective_needs=("liveness", "reconfigure"),
+        ),
     ]

@@ -88,6 +88,10 @@ class FaultTolerant:
     #: Whether a step computes while its quorum forms (its batch dealt by
     #: the last quorum's members), as TorchFT's own loop does.
     compute_during_quorum: ClassVar[bool] = True
+    #: TorchFT's quorum in a thread of its own, the step computing while it
+    #: forms (``use_async_quorum``); a group that heals takes its peers'
+    #: state at the step's commit.
+    async_quorum: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -279,6 +283,7 @@ class FaultTolerant:
             replica_id=f"phalanx_group_{group}",
             hostname=os.environ.get(GROUP_ADDRESS_VAR) or _address_toward(lighthouse),
             init_sync=False,  # the groups are made alike in a step of their own: _start_alike
+            use_async_quorum=self.async_quorum,
         )
         try:
             return Manager(**options)
@@ -431,8 +436,17 @@ class FaultTolerant:
         quorum (the groups in it hold the same state); every rank of every
         group calls it at the same step. Call it after ``optimizer_step``,
         where the step's quorum is known."""
-        with_torchft = {**state, "torchft": self.manager.state_dict()}
+        with_torchft = {**state, "torchft": self._torchft_state()}
         return super().save_checkpoint(path, with_torchft, blocking=blocking)
+
+    def _torchft_state(self) -> dict[str, Any]:
+        """TorchFT's state as a checkpoint holds it: its manager's (a
+        step of its count per training step, and one per ``setup``)."""
+        return dict(self.manager.state_dict())
+
+    def _manager_state(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A checkpoint's TorchFT state as this strategy's manager counts."""
+        return dict(saved)
 
     def load_checkpoint(
         self,
@@ -449,6 +463,8 @@ class FaultTolerant:
         state in its first step."""
         loaded = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
         torchft_state = loaded.pop("torchft", None)
+        if torchft_state is not None:
+            torchft_state = self._manager_state(torchft_state)
         # Not behind the step the quorum gave: a group that joins a job past
         # the checkpoint copies its peers' state in this step, and keeps
         # their step.
@@ -527,32 +543,43 @@ class FaultTolerant:
             self._step_basis = seen
         return self._step_basis[1], self._step_basis[2]
 
-    def _trained_members(self) -> tuple[int, frozenset[int]]:
+    def _trained_members(
+        self, basis: tuple[int, int, int] | bool | None = True, at_setup: bool = False
+    ) -> tuple[int, frozenset[int]]:
         """Which of the members this step's batches were dealt to took
         part in it: one all-reduce across the step's groups, of each
-        participant's index and a mark of the quorum it dealt by (a group
-        that heals adds zeros). Where the participants dealt by different
-        quorums the step cannot be told apart and is dropped on every
-        group (each sees the same sums)."""
+        participant's index and a mark of the quorum it dealt by
+        (``basis``: the step's own by default; ``None`` for a group whose
+        batches are not trained, one that heals, which adds only that it
+        is there; a group that heals under ``ddp_ft`` adds zeros). Where the
+        participants dealt by different quorums the step cannot be told
+        apart and is dropped on every group (each sees the same sums).
+        ``at_setup``: this group is in ``setup``'s step; ``(-1, ...)`` is
+        returned where some groups are and others are not."""
         groups = self.replica_groups
-        told = torch.zeros(groups + 3, dtype=torch.int64)
-        told[groups] = 1
-        if self._step_basis is not None:
-            quorum_id, members, member = self._step_basis
+        told = torch.zeros(groups + 5, dtype=torch.int64)
+        dealt = self._step_basis if basis is True else basis
+        if isinstance(dealt, tuple):
+            quorum_id, members, member = dealt
             if member < groups:
                 told[member] = 1
             mark = (quorum_id + 1) * _MEMBERS_MARK + members
-            told[groups + 1], told[groups + 2] = mark, mark * mark
+            told[groups], told[groups + 3], told[groups + 4] = 1, mark, mark * mark
+        else:
+            told[groups + 1] = 1
+        told[groups + 2] = int(at_setup)
         manager = self.manager
         manager.allreduce(told, reduce_op=dist.ReduceOp.SUM).wait()
         if manager.errored():
             return 0, frozenset()  # the step is not committed
         counts = [int(n) for n in told[:groups]]
-        participants, total, squares = (int(n) for n in told[groups:])
-        mark = total // max(participants, 1)
+        dealers, healers, setups, total, squares = (int(n) for n in told[groups:])
+        if 0 < setups < dealers + healers:
+            return -1, frozenset()
+        mark = total // max(dealers, 1)
         if (
-            total * total != participants * squares
-            or participants != int(manager.num_participants())
+            total * total != dealers * squares
+            or dealers + healers != int(manager.num_participants())
             or max(counts, default=0) > 1
             or mark % _MEMBERS_MARK > groups
         ):

@@ -1,0 +1,573 @@
+"""``local_sgd_ft`` and ``diloco_ft``: replica groups that train on their
+own for a window of steps and agree on the model at its end (TorchFT's
+``LocalSGD`` and ``DiLoCo``), fault tolerant as ``ddp_ft``."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import torch
+
+from phalanx_core import MisconfigurationError, SaveHandle
+from phalanx_torch.strategies import DDPStrategy
+
+from ._variables import COMMITTED_FILE_VAR
+from .strategy import FaultTolerant, _create
+
+__all__ = ["DiLoCoFTStrategy", "LocalSGDFTStrategy", "Windowed"]
+
+
+class Windowed(FaultTolerant):
+    """What ``local_sgd_ft`` and ``diloco_ft`` share: each replica group
+    trains on its own (DDP within the group, over the strategy's
+    collective) for ``sync_every`` steps, a window, and at its end the
+    groups in that sync's quorum agree on the model, through TorchFT's
+    manager and the collective between the groups (``across``): nothing
+    crosses between the groups inside a window.
+
+    A group that is lost is left out of the next sync, and the others go
+    on without it; the window it was in is lost with it (its samples are
+    dealt again). A group that comes back trains its first window from
+    the weights it has, asks for the next sync's quorum, and heals in it:
+    it takes the job's model as of the window's start and the state of the
+    optimizers from a peer, and adds nothing to that sync (a window
+    trained from other weights). Where a sync fails (a group lost in the
+    middle of it) no group commits it: each goes back to the model of the
+    window's start (``diloco_ft``; ``local_sgd_ft`` keeps its own) and the
+    window's samples are dealt again.
+
+    The loader (``setup_dataloader``) deals each window's steps over the
+    groups of the window's start, as ``ddp_ft`` deals a step; a window's
+    samples are taken where its sync is committed, those of the groups
+    that were not in it (lost, or healing) given back. So each sample of
+    an epoch is in exactly one committed window, trained by one group.
+
+    :attr:`current_step` counts training steps: the windows committed,
+    each ``sync_every`` steps (a fragment's, under ``diloco_ft`` with
+    ``fragments``), and the steps of the window in flight. :attr:`committed`
+    is the last sync's verdict. Checkpoints are saved at a sync (where
+    :attr:`at_sync` is true), with the window's starting model.
+
+    Options, with :class:`FaultTolerant`'s (``replica_timeout``,
+    ``quorum_timeout``, ``across``) and DDP's:
+
+    - ``sync_every``: the steps of a window (``H``).
+    """
+
+    #: TorchFT's quorum in the training thread: a group that heals has its
+    #: peers' state before the sync's all-reduce (TorchFT's DiLoCo needs it).
+    async_quorum: ClassVar[bool] = False
+
+    def __init__(self, *, sync_every: int, **options: Any) -> None:
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise MisconfigurationError(
+                f"strategy {self.name!r}: sync_every={sync_every!r}; expected the number of training "
+                "steps between two syncs of the groups, an int of at least 1"
+            )
+        super().__init__(**options)
+        self.sync_every = sync_every
+        self._module: Any = None  # the module set up, unwrapped
+        self._inner: Any = None  # the optimizer set up (torch's)
+        self._algorithm: Any = None  # TorchFT's LocalSGD or DiLoCo, made at the first step
+        self._local = 0  # steps of the window in flight
+        self._window_start: list[Any] = []  # the model at the window's start (on the CPU)
+        # The members the window's batches are dealt to: (quorum id, members,
+        # this group's index), as of the sync that started it; None before one.
+        self._window_basis: tuple[int, int, int] | None = None
+        self._healed = False  # this group took its peers' state in the sync's quorum
+        self._starting = False  # in ddp_ft's _start_alike, in the quorum asked for before it
+        self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
+        #: Whether this group's window was in the last sync (committed, and
+        #: the group neither healed in it nor had its window dealt by
+        #: another quorum): its samples were trained. ``None`` before one.
+        self.contributed: bool | None = None
+
+    # -- what a subclass says -----------------------------------------------------
+
+    @property
+    def steps_per_sync(self) -> int:
+        """Training steps between two syncs (``sync_every``; a fragment's
+        under ``diloco_ft``)."""
+        return self.sync_every
+
+    @property
+    def _quorum_at(self) -> int:
+        """The step of the window at whose end TorchFT's algorithm asks for
+        the sync's quorum (before its last, ``fragment_sync_delay``)."""
+        return self.steps_per_sync
+
+    def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
+        raise NotImplementedError
+
+    def _sent_per_sync(self) -> int:
+        """Bytes of the model one sync carries across the groups, from each
+        rank (a sync's share of the parameters)."""
+        return sum(p.numel() * p.element_size() for p in self._module.parameters())
+
+    # -- where the job is ---------------------------------------------------------
+
+    @property
+    def current_step(self) -> int:
+        """Training steps of the job: those of the committed windows (the
+        same on every group; a healed group takes its peers') and those of
+        the window in flight."""
+        return max(int(self.manager.current_step()) - self._setups, 0) * self.steps_per_sync + self._local
+
+    @property
+    def at_sync(self) -> bool:
+        """Whether the last step ended a window (or none was taken): the
+        model is the one the groups agreed on, and a checkpoint may be saved."""
+        return self._local == 0
+
+    # -- setting up -----------------------------------------------------------------
+
+    def setup(self, module: Any, *optimizers: Any) -> Any:
+        if self._module is not None:
+            raise MisconfigurationError(
+                f"strategy {self.name!r}: setup() was called already; its groups agree on one model "
+                "and one optimizer (TorchFT's algorithm wraps both): set them up together, once"
+            )
+        if len(optimizers) != 1:
+            raise MisconfigurationError(
+                f"strategy {self.name!r}: setup() takes the module and one optimizer (the inner one, "
+                f"stepped each training step), got {len(optimizers)} optimizers"
+            )
+        return super().setup(module, *optimizers)
+
+    def setup_optimizer(self, optimizer: Any) -> Any:
+        self._inner = optimizer
+        return _WindowOptimizer(self, optimizer)
+
+    def _heal_with(self, module: Any, optimizers: tuple[Any, ...]) -> None:
+        self._module = module
+        self._window_start = _copies(module)
+
+        def state_dict() -> dict[str, Any]:
+            return {"start": self._window_start}
+
+        def load_state_dict(state: dict[str, Any]) -> None:
+            # After the module's own state (registered before this): the
+            # model of the window's start, so that this group, which trained
+            # its window from other weights, adds nothing to the sync.
+            self._window_start = [t.clone() for t in state["start"]]
+            _load_into(module, self._window_start)
+            self._healed = True
+
+        super()._heal_with(module, optimizers)
+        self.manager.register_state_dict_fn("phalanx_window", load_state_dict, state_dict)
+
+    def _start_alike(self, module: Any) -> None:
+        """As ``ddp_ft``'s, for a job that starts; a group that joins a job
+        that has trained (the launcher's mark) heals at its first sync, as
+        one does whose first quorum is another's sync."""
+        committed = os.environ.get(COMMITTED_FILE_VAR)
+        if committed and os.path.exists(committed):
+            self._setups += 1
+            return
+        self._ask_quorum(timeout=self._start_wait)
+        members, _ = self._sync_members(at_setup=True)
+        if members < 0:
+            self._setups += 1
+            return  # others are at a sync: this group heals at its first one
+        self._starting = True
+        try:
+            super()._start_alike(module)  # in the quorum asked for above
+        finally:
+            self._starting = False
+        self._window_start = _copies(module)
+        self._window_basis = self._quorum_basis()
+
+    def _open_step(self, timeout: float | None = None) -> None:
+        """A quorum is asked for at a sync only (:meth:`_ask_quorum`); the
+        step ``_start_alike`` makes the groups alike in is that quorum's."""
+        if self._starting and not self._step_open:
+            self._step_open, self._quorum_seen, self._verdict = True, False, None
+
+    def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
+        DDPStrategy.backward(self, tensor, *args, **kwargs)
+
+    # -- a sync -------------------------------------------------------------------
+
+    def _ask_quorum(self, timeout: float | None = None) -> None:
+        """Ask the lighthouse for a quorum and wait for it (a group behind
+        heals in it); where none comes, :class:`NoQuorumError`."""
+        self._healed = False
+        self.manager.start_quorum(timeout=timedelta(seconds=timeout or self.quorum_timeout))
+        self._step_open, self._quorum_seen = True, False
+        self._wait_quorum()
+        self._step_open = False
+
+    def _quorum_basis(self) -> tuple[int, int, int] | None:
+        """The last quorum's (id, members, this group's index), as the
+        groups' collective was configured for it."""
+        return self._configured
+
+    def _sync_members(self, at_setup: bool = False) -> tuple[int, frozenset[int]]:
+        """Which of the groups the window was dealt to trained it (see
+        :meth:`FaultTolerant._trained_members`), learned by the groups in
+        the sync's quorum together; ``(-1, ...)`` where some of them are at
+        their setup and others at a sync."""
+        healer = at_setup or self._healed or self._window_basis is None
+        return self._trained_members(basis=None if healer else self._window_basis, at_setup=at_setup)
+
+    def _before_step(self) -> None:
+        """Before a training step: TorchFT's algorithm made (at the first),
+        and, at the step whose end asks for the sync's quorum, that quorum
+        asked for here first, with the groups' word on the window's samples."""
+        if self._algorithm is None:
+            self._algorithm = self._make_algorithm(self._module, self._inner)
+            self._algorithm.__enter__()
+        self._local += 1
+        if self._local == self._quorum_at:
+            self._ask_quorum()
+            self._told = self._sync_members()
+
+    def _after_step(self, before: int) -> None:
+        """After a training step: at a window's end, its verdict (TorchFT's
+        algorithm stepped the manager where the sync was committed)."""
+        if self._local < self.steps_per_sync:
+            return
+        committed = int(self.manager.current_step()) > before
+        members, trained = self._told if committed else (0, frozenset())
+        basis = self._window_basis
+        self.committed = committed
+        self.contributed = bool(committed and not self._healed and basis is not None and basis[2] in trained)
+        self._local = 0
+        if committed:
+            self._window_start = _copies(self._module)
+            if not self._told_committed:
+                self._told_committed = True
+                _create(os.environ.get(COMMITTED_FILE_VAR))
+        self._window_basis = self._quorum_basis()
+        for loader in self._loaders:
+            loader._settle(committed, members, trained)
+
+    def _deal_basis(self) -> tuple[int, int]:
+        """The members a window's batches are dealt to, and this group's
+        index among them: the quorum of the sync that started the window
+        (one member, before this group has seen one: its batches are then
+        not trained, and given back)."""
+        basis = self._window_basis or (-1, 1, 0)
+        return basis[1], basis[2]
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
+        """As ``ddp_ft``'s, at a sync only (:attr:`at_sync`: the model is
+        the one the groups agreed on), with the window's algorithm's state
+        (``"window"``: the outer optimizer's, under ``diloco_ft``)."""
+        if not self.at_sync:
+            raise MisconfigurationError(
+                f"save_checkpoint() under {self.name!r} at step {self.current_step}, {self._local} steps "
+                f"into a window of {self.steps_per_sync}: each group's model is its own until the "
+                "window's sync. Save where strategy.at_sync is true (every sync_every steps)"
+            )
+        return super().save_checkpoint(path, {**state, "window": self._window_state()}, blocking=blocking)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        state: Mapping[str, Any] | None = None,
+        *,
+        strict: bool = True,
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        if self._algorithm is not None:
+            raise MisconfigurationError(
+                f"load_checkpoint() under {self.name!r} after the first training step: TorchFT's "
+                f"algorithm holds the window's starting model from there on. Load (or resume) before "
+                "training"
+            )
+        loaded = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        window = loaded.pop("window", None)
+        if window is not None:
+            self._load_window_state(window)
+        if self._module is not None:
+            self._window_start = _copies(self._module)
+        return loaded
+
+    def _torchft_state(self) -> dict[str, Any]:
+        # As ddp_ft counts: a step of TorchFT's for each training step (and
+        # each setup), so that the checkpoint goes on under ddp_ft too.
+        return {**self.manager.state_dict(), "step": self.current_step + self._setups}
+
+    def _manager_state(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        steps = int(saved["step"]) - self._setups
+        if steps % self.steps_per_sync:
+            raise MisconfigurationError(
+                f"the checkpoint was saved at step {steps}, inside a window of {self.steps_per_sync} steps "
+                f"of {self.name!r}: resume it under a strategy whose syncs fall on that step (a "
+                "sync_every that divides it), or under ddp_ft"
+            )
+        return {**saved, "step": steps // self.steps_per_sync + self._setups}
+
+    def _window_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_window_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+    def teardown(self) -> None:
+        algorithm, self._algorithm = self._algorithm, None
+        if algorithm is not None:
+            algorithm.__exit__(None, None, None)
+        super().teardown()
+
+
+class LocalSGDFTStrategy(Windowed, DDPStrategy):
+    """Local SGD across replica groups (TorchFT's ``LocalSGD``,
+    :class:`Windowed`): each group takes ``sync_every`` steps of its own
+    optimizer, then the groups' parameters are averaged. A sync that is not
+    committed leaves each group its own parameters.
+
+    Options: :class:`Windowed`'s (``sync_every``, default 16) and DDP's."""
+
+    name: ClassVar[str] = "local_sgd_ft"
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+
+    def __init__(self, *, sync_every: int = 16, **options: Any) -> None:
+        super().__init__(sync_every=sync_every, **options)
+
+    def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
+        from torchft.local_sgd import LocalSGD
+
+        return LocalSGD(self.manager, module, optimizer, self.sync_every)
+
+
+class DiLoCoFTStrategy(Windowed, DDPStrategy):
+    """DiLoCo across replica groups (TorchFT's ``DiLoCo``, :class:`Windowed`):
+    each group takes ``sync_every`` steps of its own optimizer (the inner
+    one, ``setup``'s), then the groups average their change over the
+    window (the pseudo-gradient) and an outer optimizer steps the window's
+    starting model with it. With ``fragments`` the model is synced in
+    parts, one every ``sync_every / fragments`` steps (Streaming DiLoCo).
+
+    Options, with :class:`Windowed`'s (``sync_every``, default 500, the
+    DiLoCo paper's ``H``):
+
+    - ``outer_lr``, ``outer_momentum``: the outer optimizer, SGD with
+      Nesterov momentum (the paper's: 0.7 and 0.9).
+    - ``outer_optimizer``: instead, a callable that makes the outer
+      optimizer from an iterable of parameters (Python only).
+    - ``fragments``: parts the model is synced in, each a run of the
+      module's top-level children (default 1).
+    - ``fragment_sync_delay``: steps a fragment's all-reduce overlaps with
+      training before its sync waits for it (default 0).
+    - ``fragment_update_alpha``: how much of a fragment's own steps in the
+      delay is kept at its sync (0: none, TorchFT's default).
+    """
+
+    name: ClassVar[str] = "diloco_ft"
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+
+    def __init__(
+        self,
+        *,
+        sync_every: int = 500,
+        outer_lr: float | None = None,
+        outer_momentum: float | None = None,
+        outer_optimizer: Callable[..., Any] | None = None,
+        fragments: int = 1,
+        fragment_sync_delay: int = 0,
+        fragment_update_alpha: float = 0.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(sync_every=sync_every, **options)
+        if outer_optimizer is not None and (outer_lr is not None or outer_momentum is not None):
+            raise MisconfigurationError(
+                "strategy 'diloco_ft': outer_optimizer is given with outer_lr or outer_momentum, which "
+                "set the default outer optimizer's: give the one or the others"
+            )
+        if outer_optimizer is not None and not callable(outer_optimizer):
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': outer_optimizer={outer_optimizer!r}; expected a callable that "
+                "makes an optimizer from parameters, e.g. functools.partial(torch.optim.SGD, lr=0.7, "
+                "momentum=0.9, nesterov=True)"
+            )
+        for option, value in (("outer_lr", outer_lr), ("outer_momentum", outer_momentum)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            ):
+                raise MisconfigurationError(
+                    f"strategy 'diloco_ft': {option}={value!r}; expected a number >= 0"
+                )
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': fragments={fragments!r}; expected the number of parts the model "
+                "is synced in, an int of at least 1"
+            )
+        if sync_every % fragments:
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': sync_every={sync_every} is not a multiple of fragments={fragments}: "
+                "a fragment is synced every sync_every / fragments steps"
+            )
+        per_fragment = sync_every // fragments
+        if (
+            isinstance(fragment_sync_delay, bool)
+            or not isinstance(fragment_sync_delay, int)
+            or not 0 <= fragment_sync_delay < per_fragment
+        ):
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': fragment_sync_delay={fragment_sync_delay!r}; expected an int from 0 "
+                f"to {per_fragment - 1} (a fragment is synced every {per_fragment} steps, and its all-reduce "
+                "must end before its next one starts)"
+            )
+        if (
+            isinstance(fragment_update_alpha, bool)
+            or not isinstance(fragment_update_alpha, (int, float))
+            or not (0 <= fragment_update_alpha <= 1)
+        ):
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': fragment_update_alpha={fragment_update_alpha!r}; expected a number "
+                "from 0 to 1"
+            )
+        self.outer_optimizer = outer_optimizer or functools.partial(
+            torch.optim.SGD,
+            lr=0.7 if outer_lr is None else float(outer_lr),
+            momentum=0.9 if outer_momentum is None else float(outer_momentum),
+            nesterov=True,
+        )
+        self.fragments = fragments
+        self.fragment_sync_delay = fragment_sync_delay
+        self.fragment_update_alpha = float(fragment_update_alpha)
+        self._outer: list[Any] = []  # an outer optimizer per fragment
+        self._parts: list[Any] = []
+
+    @property
+    def steps_per_sync(self) -> int:
+        return self.sync_every // self.fragments
+
+    @property
+    def _quorum_at(self) -> int:
+        return self.steps_per_sync - self.fragment_sync_delay
+
+    def _heal_with(self, module: Any, optimizers: tuple[Any, ...]) -> None:
+        self._parts = _fragments(module, self.fragments, self.name)
+        self._outer = [self.outer_optimizer(part.parameters()) for part in self._parts]
+        super()._heal_with(module, optimizers)
+
+    def setup_dataloader(
+        self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> Any:
+        if self.fragment_sync_delay and use_distributed_sampler:
+            raise MisconfigurationError(
+                f"setup_dataloader() under 'diloco_ft' with fragment_sync_delay={self.fragment_sync_delay}: "
+                "phalanx's loader settles a window's samples at its sync, and the steps a fragment's "
+                "all-reduce overlaps belong to two windows, which it cannot tell apart yet. Leave "
+                "fragment_sync_delay at 0, or split the data yourself (use_distributed_sampler=False: a "
+                "lost group's samples are then not given to the others)"
+            )
+        return super().setup_dataloader(
+            dataloader, use_distributed_sampler=use_distributed_sampler, move_to_device=move_to_device
+        )
+
+    def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
+        from torchft.local_sgd import DiLoCo
+
+        return DiLoCo(
+            self.manager,
+            self._parts,
+            optimizer,
+            self._outer,
+            sync_every=self.sync_every,
+            fragment_sync_delay=self.fragment_sync_delay,
+            fragment_update_alpha=self.fragment_update_alpha,
+        )
+
+    def _sent_per_sync(self) -> int:
+        return max(sum(p.numel() * p.element_size() for p in part.parameters()) for part in self._parts)
+
+    def _window_state(self) -> dict[str, Any]:
+        return {"outer": [o.state_dict() for o in self._outer]}
+
+    def _load_window_state(self, state: Mapping[str, Any]) -> None:
+        outer = state.get("outer", [])
+        if len(outer) != len(self._outer):
+            raise MisconfigurationError(
+                f"the checkpoint holds {len(outer)} outer optimizer(s) and this diloco_ft job has "
+                f"fragments={self.fragments}: resume with the fragments it was saved with"
+            )
+        for optimizer, saved in zip(self._outer, outer, strict=True):
+            optimizer.load_state_dict(saved)
+
+
+class _WindowOptimizer:
+    """The optimizer ``setup`` returns under a windowed strategy: each
+    ``step()`` is the inner optimizer's (TorchFT's algorithm syncs the
+    groups after the window's last); everything else is the wrapped
+    optimizer's (``optim``)."""
+
+    def __init__(self, strategy: Windowed, optim: Any) -> None:
+        self.optim = optim
+        self._strategy = strategy
+
+    def step(self, closure: Any = None) -> Any:
+        strategy = self._strategy
+        strategy._before_step()
+        before = int(strategy.manager.current_step())
+        result = self.optim.step() if closure is None else self.optim.step(closure)
+        strategy._after_step(before)
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.optim.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optim, name)
+
+
+def _copies(module: Any) -> list[Any]:
+    """The module's parameters, copied to the CPU."""
+    return [p.detach().to("cpu", copy=True) for p in module.parameters()]
+
+
+def _load_into(module: Any, tensors: list[Any]) -> None:
+    with torch.no_grad():
+        for parameter, tensor in zip(module.parameters(), tensors, strict=True):
+            parameter.copy_(tensor)
+
+
+def _fragments(module: Any, count: int, name: str) -> list[Any]:
+    """``module``'s top-level children in ``count`` runs of about the same
+    number of parameters, each an ``nn.ModuleList`` (TorchFT's DiLoCo
+    syncs a fragment's parameters at a time)."""
+    from torch import nn
+
+    if count == 1:
+        return [module]
+    children = [child for child in module.children() if any(True for _ in child.parameters())]
+    own = [p for _, p in module.named_parameters(recurse=False)]
+    if own:
+        raise MisconfigurationError(
+            f"strategy {name!r}: fragments={count}: the module has parameters of its own "
+            f"({len(own)}), outside its children; fragments are runs of its children. Put them in a "
+            "child module, or leave fragments at 1"
+        )
+    if len(children) < count:
+        raise MisconfigurationError(
+            f"strategy {name!r}: fragments={count}, and the module has {len(children)} top-level "
+            "children with parameters to split into them: lower fragments"
+        )
+    sizes = [sum(p.numel() for p in child.parameters()) for child in children]
+    total, parts, run, filled = sum(sizes), [], [], 0
+    for index, (child, size) in enumerate(zip(children, sizes, strict=True)):
+        run.append(child)
+        filled += size
+        left_children, left_parts = len(children) - index - 1, count - len(parts) - 1
+        if left_parts and (filled >= total * (len(parts) + 1) / count or left_children == left_parts):
+            parts.append(nn.ModuleList(run))
+            run = []
+    parts.append(nn.ModuleList(run))
+    return parts

@@ -1,0 +1,202 @@
+"""``local_sgd_ft`` and ``diloco_ft``: replica groups that train a window of
+steps on their own and sync at its end (TorchFT's LocalSGD and DiLoCo),
+real processes, a group killed with SIGKILL in the middle of a window."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from ft_job import CHECKPOINTED, Job
+
+from phalanx_core import CheckpointDirectory
+from phalanx_core.testing.processes import is_alive
+
+H = 4  # sync_every: a window of four steps (the script's step takes 0.1 s)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        ("diloco_ft", ()),
+        ("local_sgd_ft", ()),
+        ("diloco_ft", ("-o", "fragments=2", "--collective", "compressed")),
+    ],
+    ids=["diloco_ft", "local_sgd_ft", "diloco_ft-2-fragments-compressed"],
+)
+def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, strategy, options):
+    # Three groups of one rank, windows of four steps. Group 1's rank 0
+    # stops at step 9 (the window of steps 8 to 11), its batch in hand,
+    # and is killed there: the two others sync without it at the window's
+    # end and train on, never restarted; group 1, started again, trains a
+    # window from its own weights, heals at its first sync (the model of
+    # the window's start, its window not in the sync) and is in every sync
+    # after. diloco_ft-2-fragments-compressed: the model synced in two
+    # fragments (its two Linear layers), one every two steps (Streaming
+    # DiLoCo), in bf16 between the groups.
+    fragments = "-o" in options and "fragments=2" in options
+    job = Job(
+        tmp_path,
+        "--devices",
+        "1",
+        "--replica-groups",
+        "3",
+        "--max-restarts",
+        "1",
+        "-o",
+        f"sync_every={H}",
+        *options,
+        strategy=strategy,
+        park_at=9,
+    )
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 at step 9")
+    victim = int(victim_file.read_text())
+    os.kill(victim, signal.SIGKILL)
+    job.wait_for(
+        lambda: any(s[0] == 1 and s[2] != victim and s[5] for s in job.syncs),
+        "group 1's window in a sync again",
+    )
+    last = max(s[3] for s in job.steps)
+    job.stop_after(0, at_least=(last // H + 3) * H)  # at a window's end: every group just synced
+    assert job.finish() == 0, job.output
+    output = job.output
+
+    # The survivors were never restarted; group 1 was, once.
+    for group in (0, 2):
+        assert len(job.pids(group)) == 1, output
+    assert "replica group 1 failed (a rank was killed by SIGKILL)" in output
+    assert "starting it again (1 of 1); the other groups go on" in output
+    assert not is_alive(victim)
+    returned = job.pids(1)[1]
+    # The two others synced without group 1: the window it died in.
+    syncs = collections.defaultdict(dict)  # step -> group -> (committed, contributed, parts)
+    for group, _, pid, step, committed, contributed, parts in job.syncs:
+        syncs[step][group, pid] = (committed, contributed, parts)
+    # Group 1's first sync: it healed in it (committed, its window not in it);
+    # every one after: its window in it.
+    back = [
+        (committed, contributed)
+        for group, _, pid, _, committed, contributed, _ in job.syncs
+        if pid == returned
+    ]
+    assert back[0] == (True, False), back
+    assert all(entry == (True, True) for entry in back[1:]), back
+    # Every committed sync left the groups in it alike: the model (the
+    # synced fragment's weights, under fragments), never a split brain.
+    for step, groups in syncs.items():
+        committed = [parts for committed, _, parts in groups.values() if committed]
+        if fragments:  # one of the two fragments was synced: its sums alike
+            assert any(len({parts.split(",")[i] for parts in committed}) == 1 for i in range(2)), (
+                step,
+                groups,
+            )
+        else:
+            assert len(set(committed)) == 1, (step, groups)
+    survivors_alone = [step for step, groups in syncs.items() if len([1 for g, _ in groups if g != 1]) == 2
+                       and not any(g == 1 for g, _ in groups)]  # fmt: skip
+    assert survivors_alone, sorted(syncs)
+    if not fragments:  # every group ends at a sync of the whole model: the same weights everywhere
+        import torch
+
+        ends = job.ends()
+        assert sorted(ends) == [0, 1, 2]
+        for group in (1, 2):
+            assert all(a.equal(b) for a, b in zip(ends[0]["weights"], ends[group]["weights"], strict=True))
+        assert [ends[group]["restarts"] for group in (0, 1, 2)] == [0, 1, 0]
+        del torch
+    # Every sample of an epoch was in one window a sync took, the share of
+    # the window group 1 died in (given back) included.
+    trained = job.windows_trained()
+    everything = set(range(120))
+    assert len(trained) >= 2, trained
+    for epoch in sorted(trained)[:-1]:
+        counts = trained[epoch]
+        assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
+        repeated = sum(n - 1 for n in counts.values())
+        assert repeated < 2 * 3, (epoch, counts)  # the epoch's last steps filled from its start
+    if "compressed" in options:  # between the groups in bf16 (the collective's inner one got no float32)
+        for path in job.out.glob("group*-rank*-*.pt"):
+            import torch
+
+            across = torch.load(path)["across"]
+            assert across["collective"] == "CompressedCollective", across
+            assert "float32" not in across["calls"] and across["calls"]["bfloat16"] >= 2, across
+
+
+def test_a_checkpoint_at_a_sync_resumes_under_diloco_ft_and_under_ddp_ft(tmp_path):
+    import torch
+
+    (tmp_path / "train.py").write_text(CHECKPOINTED)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def run(strategy: str, until: int, *options: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
+             "--devices", "1", "--replica-groups", "2", "-o", "min_replicas=2", *options,
+             "train.py", str(out), str(until)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = run("diloco_ft", 6, "-o", "sync_every=3")
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", first) == [("0", "0")] * 2
+    assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", first)) == ["3", "6"], first
+    saved = torch.load(out / "ckpt" / CheckpointDirectory(out / "ckpt").path(6).name, weights_only=True)
+    assert saved["torchft"]["step"] == 6 + 1  # counted as ddp_ft counts: a step each, and the setup's
+    assert len(saved["window"]["outer"]) == 1 and saved["window"]["outer"][0]["state"], saved["window"]
+
+    again = run("diloco_ft", 9, "-o", "sync_every=3")
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", again) == [("6", "6")] * 2
+    assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", again)) == ["9"]
+    # Under ddp_ft, from the same checkpoint (its outer optimizer's state left out), and back.
+    synchronous = run("ddp_ft", 12)
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", synchronous) == [("9", "9")] * 2
+    back = run("diloco_ft", 15, "-o", "sync_every=3")
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", back) == [("12", "12")] * 2
+
+
+def test_the_options_are_checked_before_any_rank_starts():
+    import phalanx
+
+    cases = [
+        ("diloco_ft", {"sync_every": 0}, "sync_every=0; expected the number of training steps"),
+        ("local_sgd_ft", {"sync_every": 2.5}, "sync_every=2.5"),
+        ("diloco_ft", {"sync_every": 10, "fragments": 3}, "sync_every=10 is not a multiple of fragments=3"),
+        (
+            "diloco_ft",
+            {"sync_every": 10, "fragments": 2, "fragment_sync_delay": 5},
+            "expected an int from 0 to 4",
+        ),
+        ("diloco_ft", {"fragment_update_alpha": 2}, "fragment_update_alpha=2"),
+        ("diloco_ft", {"outer_lr": 0.5, "outer_optimizer": print}, "give the one or the others"),
+        ("diloco_ft", {"outer_optimizer": 3}, "expected a callable"),
+    ]
+    from phalanx_core import MisconfigurationError
+
+    for name, options, message in cases:
+        with pytest.raises(MisconfigurationError, match=re.escape(message)):
+            phalanx.resolve(name, accelerator="cpu", **options)
+    # A fragment's overlapped all-reduce and the quorum loader: not yet (said before any rank starts).
+    from torch.utils.data import DataLoader
+
+    delayed = phalanx.resolve(
+        "diloco_ft", accelerator="cpu", sync_every=4, fragments=2, fragment_sync_delay=1
+    )
+    with pytest.raises(MisconfigurationError, match="fragment_sync_delay=1: phalanx's loader settles"):
+        delayed.setup_dataloader(DataLoader(list(range(8)), batch_size=2))
+
+
+def test_explain_shows_the_window_the_outer_optimizer_and_what_crosses_per_sync():
+    argv = [sys.executable, "-m", "phalanx", "explain", "--strategy", "diloco_ft", "--accelerator", "cpu",
+            "--replica-groups", "3", "-o", "sync_every=100", "-o", "fragments=2", "--collective", "compressed"]  # fmt: skip
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "sync_every=100" in text and "fragments=2" in text, text
+    assert "outer optimizer" in text, text
