@@ -493,10 +493,15 @@ def _across(
     if not isinstance(spec, StrategySpec) or not spec.collective_needs:
         given = [name for name in ACROSS_OPTIONS if name in options]
         if given:
+            ones = sorted(
+                entry.name
+                for entry in registry.entries(Kind.STRATEGY)
+                if isinstance(entry.spec, StrategySpec) and entry.spec.collective_needs
+            )
             raise MisconfigurationError(
                 f"option {given[0]} names the collective between the replica groups of a strategy whose "
-                f"groups come and go (ddp_ft, hsdp_ft); strategy {strategy.name!r} has none. Name its one "
-                "collective with collective="
+                f"groups come and go ({', '.join(ones) or 'none installed'}); strategy {strategy.name!r} has "
+                "none. Name its one collective with collective="
             )
         return None, ()
     extra = options.get("across_options", {})

@@ -138,6 +138,7 @@ class FaultTolerant:
         self._configured: tuple[int, int, int] | None = None
         self._seen_members: tuple[int, int, int] | None = None
         self._step_basis: tuple[int, int, int] | None = None
+        self._mixed = False  # the last _trained_members saw groups in their setup beside others
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
         self._told_committed = False  # the launcher's file made (COMMITTED_FILE_VAR)
@@ -554,8 +555,9 @@ class FaultTolerant:
         is there; a group that heals under ``ddp_ft`` adds zeros). Where the
         participants dealt by different quorums the step cannot be told
         apart and is dropped on every group (each sees the same sums).
-        ``at_setup``: this group is in ``setup``'s step; ``(-1, ...)`` is
-        returned where some groups are and others are not."""
+        ``at_setup``: this group is in ``setup``'s step (it counts as one
+        that heals); :attr:`_mixed` says whether some groups were and others
+        not."""
         groups = self.replica_groups
         told = torch.zeros(groups + 5, dtype=torch.int64)
         dealt = self._step_basis if basis is True else basis
@@ -574,8 +576,7 @@ class FaultTolerant:
             return 0, frozenset()  # the step is not committed
         counts = [int(n) for n in told[:groups]]
         dealers, healers, setups, total, squares = (int(n) for n in told[groups:])
-        if 0 < setups < dealers + healers:
-            return -1, frozenset()
+        self._mixed = 0 < setups < dealers + healers
         mark = total // max(dealers, 1)
         if (
             total * total != dealers * squares

@@ -169,8 +169,8 @@ class Windowed(FaultTolerant):
             self._setups += 1
             return
         self._ask_quorum(timeout=self._start_wait)
-        members, _ = self._sync_members(at_setup=True)
-        if members < 0:
+        self._sync_members(at_setup=True)
+        if self._mixed:
             self._setups += 1
             return  # others are at a sync: this group heals at its first one
         self._starting = True
@@ -209,8 +209,8 @@ class Windowed(FaultTolerant):
     def _sync_members(self, at_setup: bool = False) -> tuple[int, frozenset[int]]:
         """Which of the groups the window was dealt to trained it (see
         :meth:`FaultTolerant._trained_members`), learned by the groups in
-        the sync's quorum together; ``(-1, ...)`` where some of them are at
-        their setup and others at a sync."""
+        the sync's quorum together (a group in its setup counts as one that
+        heals; :attr:`_mixed`: some were, others at a sync)."""
         healer = at_setup or self._healed or self._window_basis is None
         return self._trained_members(basis=None if healer else self._window_basis, at_setup=at_setup)
 
