@@ -216,7 +216,7 @@ LINE = re.compile(
 )
 BATCH = re.compile(r"BATCH group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) epoch=(\d+) ids=([\d,]+)")
 SYNC = re.compile(
-    r"SYNC group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) contributed=(\w+) parts=([\d.,]+)"
+    r"SYNC group=(\d+) rank=(\d+) pid=(\d+) step=(\d+) committed=(\w+) contributed=(\w+) parts=([\w.,+-]+)"
 )
 
 

@@ -427,12 +427,20 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
                 f"strategy 'diloco_ft': fragment_update_alpha={fragment_update_alpha!r}; expected a number "
                 "from 0 to 1"
             )
+        momentum = 0.9 if outer_momentum is None else float(outer_momentum)
         self.outer_optimizer = outer_optimizer or functools.partial(
             torch.optim.SGD,
             lr=0.7 if outer_lr is None else float(outer_lr),
-            momentum=0.9 if outer_momentum is None else float(outer_momentum),
-            nesterov=True,
+            momentum=momentum,
+            nesterov=momentum > 0,  # torch's SGD takes Nesterov only with momentum
         )
+        try:  # a factory that cannot make an optimizer: said here, not in every rank
+            self.outer_optimizer([torch.zeros(1, requires_grad=True)])
+        except Exception as exc:  # noqa: BLE001 - whatever the factory raises
+            raise MisconfigurationError(
+                f"strategy 'diloco_ft': the outer optimizer could not be made ({type(exc).__name__}: {exc}); "
+                "outer_optimizer must make an optimizer from an iterable of parameters"
+            ) from None
         self.fragments = fragments
         self.fragment_sync_delay = fragment_sync_delay
         self.fragment_update_alpha = float(fragment_update_alpha)
