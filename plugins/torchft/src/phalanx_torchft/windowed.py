@@ -61,6 +61,10 @@ class Windowed(FaultTolerant):
     #: TorchFT's quorum in the training thread: a group that heals has its
     #: peers' state before the sync's all-reduce (TorchFT's DiLoCo needs it).
     async_quorum: ClassVar[bool] = False
+    #: Whether a sync that is not committed leaves each group what it
+    #: trained in the window (``LocalSGD``), rather than the model of the
+    #: window's start (``DiLoCo``).
+    keeps_failed_windows: ClassVar[bool] = False
 
     def __init__(self, *, sync_every: int, **options: Any) -> None:
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
@@ -242,6 +246,11 @@ class Windowed(FaultTolerant):
             if not self._told_committed:
                 self._told_committed = True
                 _create(os.environ.get(COMMITTED_FILE_VAR))
+        elif self.keeps_failed_windows:
+            # Each group keeps what it trained, and the next sync averages
+            # it in: the window's samples are settled with the next one's,
+            # both dealt by the same groups.
+            return
         self._window_basis = self._quorum_basis()
         for loader in self._loaders:
             loader._settle(committed, members, trained)
@@ -329,6 +338,7 @@ class LocalSGDFTStrategy(Windowed, DDPStrategy):
     Options: :class:`Windowed`'s (``sync_every``, default 16) and DDP's."""
 
     name: ClassVar[str] = "local_sgd_ft"
+    keeps_failed_windows: ClassVar[bool] = True
     traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
 
     def __init__(self, *, sync_every: int = 16, **options: Any) -> None:
