@@ -245,7 +245,6 @@ class FaultTolerant:
             manager.shutdown(wait=False)
 
     def _make_manager(self) -> Any:
-        from torchft import Manager
         from torchft.checkpointing.pg_transport import PGTransport
 
         group, _ = replica_group_of_this_process(f"strategy {self.name!r}")
@@ -287,7 +286,7 @@ class FaultTolerant:
             use_async_quorum=self.async_quorum,
         )
         try:
-            return Manager(**options)
+            return self._manager_type()(**options)
         except RuntimeError as exc:  # the Rust client's: the lighthouse did not answer
             if "connect" not in str(exc):
                 raise
@@ -297,6 +296,12 @@ class FaultTolerant:
                 "yet, or this host cannot reach it (on several hosts it lives in node 0's phalanx "
                 "run, or where --lighthouse points)"
             ) from None
+
+    def _manager_type(self) -> Any:
+        """The class of TorchFT's manager this strategy makes (TorchFT's own)."""
+        from torchft import Manager
+
+        return Manager
 
     def setup(self, module: Any, *optimizers: Any) -> Any:
         ready = super().setup(module, *optimizers)

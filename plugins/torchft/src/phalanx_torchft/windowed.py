@@ -84,6 +84,7 @@ class Windowed(FaultTolerant):
         self._window_basis: tuple[int, int, int] | None = None
         self._healed = False  # this group took its peers' state in the sync's quorum
         self._starting = False  # in ddp_ft's _start_alike, in the quorum asked for before it
+        self._in_sync = False  # this step's end asks for the sync's quorum
         self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
         #: Whether this group's window was in the last sync (committed, and
         #: the group neither healed in it nor had its window dealt by
@@ -226,13 +227,45 @@ class Windowed(FaultTolerant):
             self._algorithm = self._make_algorithm(self._module, self._inner)
             self._algorithm.__enter__()
         self._local += 1
-        if self._local == self._quorum_at:
-            self._ask_quorum()
+        # This step's end asks for the sync's quorum (TorchFT's algorithm,
+        # in the optimizer's hook): the manager's start_quorum then learns
+        # the groups' word on the window in it (_WindowManager).
+        self._in_sync = self._local == self._quorum_at
+
+    def _sync_quorum(self, start: Callable[[], None]) -> None:
+        """The sync's quorum, asked for by TorchFT's algorithm (``start``:
+        the manager's own ``start_quorum``), and in it, before the
+        algorithm's all-reduce, the groups' word on the window (one
+        all-reduce: which of them trained it). Where some group in it is in
+        its setup (it joined as the others synced), the others ask again,
+        without it."""
+        self._in_sync = False
+        while True:
+            self._healed = False
+            try:
+                start()
+            finally:
+                self._step_open, self._quorum_seen = True, False
+                try:
+                    self._wait_quorum()  # NoQuorumError where none came; the job's end
+                finally:
+                    self._step_open = False
             self._told = self._sync_members()
+            if not self._mixed:
+                return
+
+    def _manager_type(self) -> Any:
+        return _window_manager()
+
+    def _make_manager(self) -> Any:
+        manager = super()._make_manager()
+        manager.phalanx_strategy = self
+        return manager
 
     def _after_step(self, before: int) -> None:
         """After a training step: at a window's end, its verdict (TorchFT's
         algorithm stepped the manager where the sync was committed)."""
+        self._in_sync = False
         if self._local < self.steps_per_sync:
             return
         committed = int(self.manager.current_step()) > before
@@ -544,6 +577,26 @@ class _WindowOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optim, name)
+
+
+@functools.cache
+def _window_manager() -> Any:
+    """TorchFT's ``Manager`` whose ``start_quorum``, where TorchFT's
+    algorithm asks for a sync's quorum, goes through the strategy
+    (:meth:`Windowed._sync_quorum`)."""
+    from torchft import Manager
+
+    class _WindowManager(Manager):  # type: ignore[misc]
+        phalanx_strategy: Windowed | None = None
+
+        def start_quorum(self, *args: Any, **kwargs: Any) -> None:
+            strategy = self.phalanx_strategy
+            if strategy is None or not strategy._in_sync:
+                return super().start_quorum(*args, **kwargs)
+            strategy._sync_quorum(functools.partial(super().start_quorum, *args, **kwargs))
+            return None
+
+    return _WindowManager
 
 
 def _copies(module: Any) -> list[Any]:
