@@ -139,6 +139,7 @@ class FaultTolerant:
         self._seen_members: tuple[int, int, int] | None = None
         self._step_basis: tuple[int, int, int] | None = None
         self._mixed = False  # the last _trained_members saw groups in their setup beside others
+        self._late = False  # and some group in its setup had waited for the others long enough
         #: Whether the last step was committed (``None`` before the first).
         self.committed: bool | None = None
         self._told_committed = False  # the launcher's file made (COMMITTED_FILE_VAR)
@@ -550,7 +551,7 @@ class FaultTolerant:
         return self._step_basis[1], self._step_basis[2]
 
     def _trained_members(
-        self, basis: tuple[int, int, int] | bool | None = True, at_setup: bool = False
+        self, basis: tuple[int, int, int] | bool | None = True, at_setup: bool = False, late: bool = False
     ) -> tuple[int, frozenset[int]]:
         """Which of the members this step's batches were dealt to took
         part in it: one all-reduce across the step's groups, of each
@@ -562,9 +563,10 @@ class FaultTolerant:
         apart and is dropped on every group (each sees the same sums).
         ``at_setup``: this group is in ``setup``'s step (it counts as one
         that heals); :attr:`_mixed` says whether some groups were and others
-        not."""
+        not. ``late``: this group has waited long enough for the others at
+        its setup (:attr:`_late`: some group had)."""
         groups = self.replica_groups
-        told = torch.zeros(groups + 5, dtype=torch.int64)
+        told = torch.zeros(groups + 6, dtype=torch.int64)
         dealt = self._step_basis if basis is True else basis
         if isinstance(dealt, tuple):
             quorum_id, members, member = dealt
@@ -575,13 +577,14 @@ class FaultTolerant:
         else:
             told[groups + 1] = 1
         told[groups + 2] = int(at_setup)
+        told[groups + 5] = int(late)
         manager = self.manager
         manager.allreduce(told, reduce_op=dist.ReduceOp.SUM).wait()
         if manager.errored():
             return 0, frozenset()  # the step is not committed
         counts = [int(n) for n in told[:groups]]
-        dealers, healers, setups, total, squares = (int(n) for n in told[groups:])
-        self._mixed = 0 < setups < dealers + healers
+        dealers, healers, setups, total, squares, lates = (int(n) for n in told[groups:])
+        self._mixed, self._late = 0 < setups < dealers + healers, lates > 0
         mark = total // max(dealers, 1)
         if (
             total * total != dealers * squares

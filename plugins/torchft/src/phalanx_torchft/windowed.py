@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -16,6 +17,7 @@ from phalanx_core import MisconfigurationError, SaveHandle
 from phalanx_torch.strategies import DDPStrategy
 
 from ._variables import COMMITTED_FILE_VAR
+from .errors import NoQuorumError
 from .strategy import FaultTolerant, _create
 
 __all__ = ["DiLoCoFTStrategy", "LocalSGDFTStrategy", "Windowed"]
@@ -85,6 +87,7 @@ class Windowed(FaultTolerant):
         self._healed = False  # this group took its peers' state in the sync's quorum
         self._starting = False  # in ddp_ft's _start_alike, in the quorum asked for before it
         self._in_sync = False  # this step's end asks for the sync's quorum
+        self._asked = False  # _start_alike's quorum is asked for, not yet used
         self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
         #: Whether this group's window was in the last sync (committed, and
         #: the group neither healed in it nor had its window dealt by
@@ -166,18 +169,42 @@ class Windowed(FaultTolerant):
         self.manager.register_state_dict_fn("phalanx_window", load_state_dict, state_dict)
 
     def _start_alike(self, module: Any) -> None:
-        """As ``ddp_ft``'s, for a job that starts; a group that joins a job
-        that has trained (the launcher's mark) heals at its first sync, as
-        one does whose first quorum is another's sync."""
+        """As ``ddp_ft``'s, in a quorum of every group of the job: a group
+        synced only at a window's end could otherwise train a window from
+        its own start with the groups that came first, while the others
+        made a start of their own at the same step of TorchFT's (two
+        models, neither healed from the other; seen when one group started
+        a second before the others). The groups at their setup wait for one
+        another up to the group's first wait (60 s), then go on if a
+        majority is there; fewer after ``quorum_timeout`` more is
+        :class:`NoQuorumError`. A group that joins a job that has trained
+        (the launcher's mark), or whose quorum finds the others at a sync,
+        heals at its first sync instead."""
         committed = os.environ.get(COMMITTED_FILE_VAR)
         if committed and os.path.exists(committed):
             self._setups += 1
             return
-        self._ask_quorum(timeout=self._start_wait)
-        self._sync_members(at_setup=True)
-        if self._mixed:
-            self._setups += 1
-            return  # others are at a sync: this group heals at its first one
+        deadline = time.monotonic() + self._start_wait
+        groups = self.replica_groups
+        majority = groups // 2 + 1
+        while True:
+            self._ask_quorum(timeout=self._start_wait)
+            self._trained_members(basis=None, at_setup=True, late=time.monotonic() > deadline)
+            if self._mixed or self.manager.current_step() > 0:
+                self._setups += 1
+                return  # the others are past their start: this group heals at its first sync
+            members = int(self.manager.num_participants())
+            if members >= groups or (members >= majority and self._late):
+                break
+            if time.monotonic() > deadline + self.quorum_timeout:
+                raise NoQuorumError(
+                    f"replica group {self.replica_group}: {members} of the job's {groups} groups started "
+                    f"within {self._start_wait + self.quorum_timeout:g} s; a window's groups start "
+                    f"together, at least a majority ({majority}). The others failed or are slow to start "
+                    "(their output says which)"
+                )
+            time.sleep(_START_POLL)
+        self._asked = True
         self._starting = True
         try:
             super()._start_alike(module)  # in the quorum asked for above
@@ -187,10 +214,16 @@ class Windowed(FaultTolerant):
         self._window_basis = self._quorum_basis()
 
     def _open_step(self, timeout: float | None = None) -> None:
-        """A quorum is asked for at a sync only (:meth:`_ask_quorum`); the
-        step ``_start_alike`` makes the groups alike in is that quorum's."""
-        if self._starting and not self._step_open:
+        """A quorum is asked for at a sync only (:meth:`_sync_quorum`); the
+        step ``_start_alike`` makes the groups alike in is in the quorum it
+        asked for (and, where that step is not committed, in a new one)."""
+        if not self._starting or self._step_open:
+            return
+        if self._asked:
+            self._asked = False
             self._step_open, self._quorum_seen, self._verdict = True, False, None
+            return
+        super()._open_step(timeout)
 
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
         DDPStrategy.backward(self, tensor, *args, **kwargs)
@@ -597,6 +630,10 @@ def _window_manager() -> Any:
             return None
 
     return _WindowManager
+
+
+#: Seconds between two quorums of groups that wait at their setup for the others.
+_START_POLL = 0.25
 
 
 def _copies(module: Any) -> list[Any]:
