@@ -88,6 +88,7 @@ class Windowed(FaultTolerant):
         self._starting = False  # in ddp_ft's _start_alike, in the quorum asked for before it
         self._in_sync = False  # this step's end asks for the sync's quorum
         self._asked = False  # _start_alike's quorum is asked for, not yet used
+        self._sync_step = 0  # TorchFT's step as of the last sync's quorum
         self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
         #: Whether this group's window was in the last sync (committed, and
         #: the group neither healed in it nor had its window dealt by
@@ -284,6 +285,7 @@ class Windowed(FaultTolerant):
                 finally:
                     self._step_open = False
             self._told = self._sync_members()
+            self._sync_step = int(self.manager.current_step())  # a group that healed: its peers' step
             if not self._mixed:
                 return
 
@@ -301,7 +303,7 @@ class Windowed(FaultTolerant):
         self._in_sync = False
         if self._local < self.steps_per_sync:
             return
-        committed = int(self.manager.current_step()) > before
+        committed = int(self.manager.current_step()) > max(before, self._sync_step)
         members, trained = self._told if committed else (0, frozenset())
         basis = self._window_basis
         self.committed = committed
