@@ -89,6 +89,7 @@ class Windowed(FaultTolerant):
         self._in_sync = False  # this step's end asks for the sync's quorum
         self._asked = False  # _start_alike's quorum is asked for, not yet used
         self._sync_step = 0  # TorchFT's step as of the last sync's quorum
+        self._window_began = time.monotonic()  # when the window in flight took its first step
         self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
         #: Whether this group's window was in the last sync (committed, and
         #: the group neither healed in it nor had its window dealt by
@@ -260,24 +261,31 @@ class Windowed(FaultTolerant):
         if self._algorithm is None:
             self._algorithm = self._make_algorithm(self._module, self._inner)
             self._algorithm.__enter__()
+        if self._local == 0:
+            self._window_began = time.monotonic()
         self._local += 1
         # This step's end asks for the sync's quorum (TorchFT's algorithm,
         # in the optimizer's hook): the manager's start_quorum then learns
         # the groups' word on the window in it (_WindowManager).
         self._in_sync = self._local == self._quorum_at
 
-    def _sync_quorum(self, start: Callable[[], None]) -> None:
+    def _sync_quorum(self, start: Callable[..., None]) -> None:
         """The sync's quorum, asked for by TorchFT's algorithm (``start``:
         the manager's own ``start_quorum``), and in it, before the
         algorithm's all-reduce, the groups' word on the window (one
         all-reduce: which of them trained it). Where some group in it is in
         its setup (it joined as the others synced), the others ask again,
-        without it."""
+        without it. A group's first sync after it joined waits for the
+        others' sync, up to a window of theirs: ``quorum_timeout`` and three
+        times its own first window's time."""
         self._in_sync = False
+        wait = self.quorum_timeout
+        if self._window_basis is None:
+            wait += 3 * (time.monotonic() - self._window_began)
         while True:
             self._healed = False
             try:
-                start()
+                start(timeout=timedelta(seconds=wait))
             finally:
                 self._step_open, self._quorum_seen = True, False
                 try:
