@@ -113,11 +113,6 @@ class Windowed(FaultTolerant):
     def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
         raise NotImplementedError
 
-    def _sent_per_sync(self) -> int:
-        """Bytes of the model one sync carries across the groups, from each
-        rank (a sync's share of the parameters)."""
-        return sum(p.numel() * p.element_size() for p in self._module.parameters())
-
     # -- where the job is ---------------------------------------------------------
 
     @property
@@ -573,9 +568,6 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
             fragment_sync_delay=self.fragment_sync_delay,
             fragment_update_alpha=self.fragment_update_alpha,
         )
-
-    def _sent_per_sync(self) -> int:
-        return max(sum(p.numel() * p.element_size() for p in part.parameters()) for part in self._parts)
 
     def _window_state(self) -> dict[str, Any]:
         return {"outer": [o.state_dict() for o in self._outer]}
