@@ -26,15 +26,16 @@ OUTER = ("-o", "outer_momentum=0")
 
 
 @pytest.mark.parametrize(
-    ("strategy", "options"),
+    ("strategy", "devices", "options"),
     [
-        ("diloco_ft", OUTER),
-        ("local_sgd_ft", ()),
-        ("diloco_ft", (*OUTER, "-o", "fragments=2", "--collective", "compressed")),
+        ("diloco_ft", 1, OUTER),
+        ("local_sgd_ft", 1, ()),
+        ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "--collective", "compressed")),
+        ("diloco_ft", 2, OUTER),
     ],
-    ids=["diloco_ft", "local_sgd_ft", "diloco_ft-2-fragments-compressed"],
+    ids=["diloco_ft", "local_sgd_ft", "diloco_ft-2-fragments-compressed", "diloco_ft-groups-of-2"],
 )
-def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, strategy, options):
+def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, strategy, devices, options):
     # Three groups of one rank, windows of four steps. Group 1's rank 0
     # stops at step 9 (the window of steps 8 to 11), its batch in hand,
     # and is killed there: the two others sync without it at the window's
@@ -43,12 +44,14 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
     # the window's start, its window not in the sync) and is in every sync
     # after. diloco_ft-2-fragments-compressed: the model synced in two
     # fragments (its two Linear layers), one every two steps (Streaming
-    # DiLoCo), in bf16 between the groups.
+    # DiLoCo), in bf16 between the groups. diloco_ft-groups-of-2: two ranks
+    # a group (DDP within it); TorchFT heals each rank of a group from a
+    # source of its own, and every rank ends with the same weights.
     fragments = "-o" in options and "fragments=2" in options
     job = Job(
         tmp_path,
         "--devices",
-        "1",
+        str(devices),
         "--replica-groups",
         "3",
         "--max-restarts",
@@ -57,14 +60,17 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
         f"sync_every={H}",
         *options,
         strategy=strategy,
-        park_at=9,
+        # In a window inside an epoch (20 steps of 6 samples; 10 of 12 with
+        # groups of 2): a window that spans an epoch's end loses a lost
+        # group's share of the old epoch (slow-links.md, "not covered yet").
+        park_at=9 if devices == 1 else 13,
     )
     victim_file = job.out / "victim"
-    job.wait_for(victim_file.exists, "group 1 at step 9")
+    job.wait_for(victim_file.exists, "group 1 parked")
     victim = int(victim_file.read_text())
     os.kill(victim, signal.SIGKILL)
     job.wait_for(
-        lambda: any(s[0] == 1 and s[2] != victim and s[5] for s in job.syncs),
+        lambda: any(s[0] == 1 and s[1] == 0 and s[2] != victim and s[5] for s in job.syncs),
         "group 1's window in a sync again",
     )
     last = max(s[3] for s in job.steps)
@@ -81,8 +87,9 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
     returned = job.pids(1)[1]
     # The two others synced without group 1: the window it died in.
     syncs = collections.defaultdict(dict)  # step -> group -> (committed, contributed, parts)
-    for group, _, pid, step, committed, contributed, parts in job.syncs:
-        syncs[step][group, pid] = (committed, contributed, parts)
+    for group, rank, pid, step, committed, contributed, parts in job.syncs:
+        if rank == 0:
+            syncs[step][group, pid] = (committed, contributed, parts)
     # Group 1's first sync: it healed in it (committed, its window not in it);
     # every one after: its window in it.
     back = [
@@ -106,15 +113,17 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
     survivors_alone = [step for step, groups in syncs.items() if len([1 for g, _ in groups if g != 1]) == 2
                        and not any(g == 1 for g, _ in groups)]  # fmt: skip
     assert survivors_alone, sorted(syncs)
-    if not fragments:  # every group ends at a sync of the whole model: the same weights everywhere
+    if not fragments:  # every rank ends at a sync of the whole model: the same weights everywhere
         import torch
 
         ends = job.ends()
         assert sorted(ends) == [0, 1, 2]
-        for group in (1, 2):
-            assert all(a.equal(b) for a, b in zip(ends[0]["weights"], ends[group]["weights"], strict=True))
+        every_rank = sorted(job.out.glob("group*-rank*-*.pt"))
+        assert len(every_rank) == 3 * devices, [path.name for path in every_rank]
+        for path in every_rank:
+            weights = torch.load(path)["weights"]
+            assert all(a.equal(b) for a, b in zip(ends[0]["weights"], weights, strict=True)), path.name
         assert [ends[group]["restarts"] for group in (0, 1, 2)] == [0, 1, 0]
-        del torch
     # Every sample of an epoch was in one window a sync took, the share of
     # the window group 1 died in (given back) included.
     trained = job.windows_trained()
@@ -124,7 +133,7 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
         counts = trained[epoch]
         assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
         repeated = sum(n - 1 for n in counts.values())
-        assert repeated < 2 * 3, (epoch, counts)  # the epoch's last steps filled from its start
+        assert repeated < 2 * 3 * devices, (epoch, counts)  # the epoch's last steps filled from its start
     if "compressed" in options:  # between the groups in bf16 (the collective's inner one got no float32)
         for path in job.out.glob("group*-rank*-*.pt"):
             import torch
