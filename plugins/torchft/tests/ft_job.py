@@ -138,7 +138,7 @@ SCRIPT = textwrap.dedent(
         except StopIteration:
             batches = iter(loader)
             ids, x = next(batches)
-        say(f"BATCH {where} step={step} epoch={loader.epoch} ids={','.join(map(str, ids.tolist()))}")
+        say(f"BATCH {where} step={step} epoch={loader.batch_epoch} ids={','.join(map(str, ids.tolist()))}")
         victim = out / "victim"
         # Parked once every group is in the step (one slow to start has
         # joined): the others then heal it from the job's step.

@@ -60,13 +60,15 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
         f"sync_every={H}",
         *options,
         strategy=strategy,
-        # In a window inside an epoch (20 steps of 6 samples; 10 of 12 with
-        # groups of 2): a window that spans an epoch's end loses a lost
-        # group's share of the old epoch (slow-links.md, "not covered yet").
-        park_at=9 if devices == 1 else 13,
+        # Epochs of 20 steps (6 samples a step): the window of steps 8 to 11
+        # inside the first. With groups of 2 (12 samples a step, epochs of
+        # 10 steps) that window runs past the first epoch's end: group 1's
+        # share of the first epoch's last steps is dealt at the next
+        # epoch's start.
+        park_at=9,
     )
     victim_file = job.out / "victim"
-    job.wait_for(victim_file.exists, "group 1 parked")
+    job.wait_for(victim_file.exists, "group 1 at step 9")
     victim = int(victim_file.read_text())
     os.kill(victim, signal.SIGKILL)
     job.wait_for(
@@ -125,15 +127,22 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
             assert all(a.equal(b) for a, b in zip(ends[0]["weights"], weights, strict=True)), path.name
         assert [ends[group]["restarts"] for group in (0, 1, 2)] == [0, 1, 0]
     # Every sample of an epoch was in one window a sync took, the share of
-    # the window group 1 died in (given back) included.
+    # the window group 1 died in (given back) included; where that window
+    # ran past the epoch's end, the share of the old epoch is in the next.
     trained = job.windows_trained()
     everything = set(range(120))
     assert len(trained) >= 2, trained
+    carried: set[int] = set()
     for epoch in sorted(trained)[:-1]:
         counts = trained[epoch]
-        assert set(counts) == everything, (epoch, sorted(everything - set(counts)), output)
+        missing = everything - set(counts)
+        assert missing <= set(trained[epoch + 1]), (epoch, sorted(missing), output)
+        assert len(missing) <= 2 * devices * 2, (epoch, sorted(missing))  # a group's share of 2 steps
+        if devices == 1:
+            assert not missing, (epoch, sorted(missing), output)  # the windows end with the epochs
         repeated = sum(n - 1 for n in counts.values())
-        assert repeated < 2 * 3 * devices, (epoch, counts)  # the epoch's last steps filled from its start
+        assert repeated < 2 * 3 * devices + len(carried), (epoch, counts)  # the end filled from the start
+        carried = missing
     if "compressed" in options:  # between the groups in bf16 (the collective's inner one got no float32)
         for path in job.out.glob("group*-rank*-*.pt"):
             import torch

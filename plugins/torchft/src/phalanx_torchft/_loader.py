@@ -102,6 +102,13 @@ class QuorumLoader:
         self._asked: int | None = None  # the script's epoch (set_epoch), until it ends or is found behind
         self._behind_said = False
         self._reader = _Reader(self, loader) if loader.num_workers > 0 else None
+        # local_sgd_ft, diloco_ft: a window of steps is settled at its sync,
+        # and may run past the epoch's end (see _replay).
+        self._windows = bool(getattr(strategy, "settles_windows", False))
+        #: The epoch of the last batch handed out: under ``local_sgd_ft`` and
+        #: ``diloco_ft`` the next epoch's, where a window runs past the
+        #: epoch's end before its sync (else :attr:`epoch`).
+        self.batch_epoch = 0
 
     # -- the training loop's side ---------------------------------------------
 
@@ -160,21 +167,28 @@ class QuorumLoader:
             self._say_behind(asked)
             return None
         strategy = self._strategy
-        back, start = self._after_pending()
-        if start >= len(self.dataset) and not back:
-            self._end_epoch()  # what was handed out and never stepped on (an evaluation) is done
-            return None
-        strategy._open_step()
-        members, member = strategy._deal_basis()  # the last quorum seen; the first one waited for
+        if self._windows:
+            members, member = strategy._deal_basis()
+            epoch, back, start = self._replay([*self._pending, members])[-1][:3]
+        else:
+            epoch = self.epoch
+            back, start = self._after_pending()
+            if start >= len(self.dataset) and not back:
+                self._end_epoch()  # what was handed out and never stepped on (an evaluation) is done
+                return None
+            strategy._open_step()
+            members, member = strategy._deal_basis()  # the last quorum seen; the first one waited for
         index = member * strategy.world_size + strategy.global_rank
-        chunk, _, _, _ = self._chunk(self.epoch, back, start, members)
+        chunk, _, _, _ = self._chunk(epoch, back, start, members)
         share = chunk[index :: members * strategy.world_size]
         if not share:  # drop_last: fewer samples left than ranks in the step
-            self._end_epoch()
+            if not self._windows:
+                self._end_epoch()
             return None
         self._pending.append(members)
+        self.batch_epoch = epoch
         if self._reader is not None:
-            batch = self._reader.batch((self.epoch, tuple(back), start, members, index))
+            batch = self._reader.batch((epoch, tuple(back), start, members, index))
         else:
             batch = self._collate([self.dataset[i] for i in share])
         return strategy.batch_to_device(batch) if self._move else batch
@@ -200,6 +214,9 @@ class QuorumLoader:
         """The step's batches were dealt to ``members`` members, of which
         those in ``trained`` took part: their samples are taken where the
         step is ``committed``, the others' given back."""
+        if self._windows:
+            self._settle_window(committed, members, trained)
+            return
         if committed and members:
             back, position = self.given_back, self.position
             returned: list[int] = []
@@ -212,6 +229,60 @@ class QuorumLoader:
                     if (i % ranks) // self._strategy.world_size not in trained
                 ]
             self.given_back, self.position = returned + back, position
+            if self.position >= len(self.dataset) and not self.given_back:
+                self._end_epoch()
+                self._rolled = True
+        self._pending.clear()
+
+    def _replay(self, dealt: Sequence[int]) -> list[tuple[int, list[int], int, list[int], int]]:
+        """Under ``local_sgd_ft`` and ``diloco_ft``: where each of the
+        window's steps, dealt to ``dealt`` members in turn, takes its
+        samples from, replayed from the job's place (so that every group,
+        a healed one too, finds the same): for each, ``(epoch, the samples
+        given back before it, where in the epoch's order it starts, its
+        chunk, how many of the chunk are its own)``. A step that finds the
+        epoch dealt to its end takes the next epoch's first samples: a
+        window may run past the epoch's end before its sync settles it."""
+        epoch, back, position = self.epoch, list(self.given_back), self.position
+        steps = []
+        for members in dealt:
+            chunk, real, rest, after = self._chunk(epoch, back, position, members)
+            if (position >= len(self.dataset) and not back) or not chunk:  # not chunk: drop_last's rest
+                epoch, back, position = epoch + 1, [], 0
+                chunk, real, rest, after = self._chunk(epoch, back, position, members)
+            steps.append((epoch, back, position, chunk, real))
+            back, position = rest, after
+        return steps
+
+    def _settle_window(self, committed: bool, members: int, trained: frozenset[int]) -> None:
+        """A window's verdict (see :meth:`_settle`), its steps replayed
+        (:meth:`_replay`): the samples of the groups that were not in it are
+        given back, and those of an epoch the window ran past are dealt at
+        the next epoch's start (a lost group's share of an epoch's last
+        window is trained in the next one)."""
+        if not (committed and members):
+            self._pending.clear()  # nothing taken: the window is dealt again from the job's place
+            return
+        ranks = members * self._strategy.world_size
+        steps = self._replay([members] * len(self._pending))
+        returned: list[int] = []
+        carried: list[int] = []
+        epoch = self.epoch
+        for step_epoch, _, _, chunk, real in steps:
+            if step_epoch != epoch:
+                carried, returned, epoch = carried + returned, [], step_epoch
+            returned += [
+                sample
+                for i, sample in enumerate(chunk[:real])
+                if (i % ranks) // self._strategy.world_size not in trained
+            ]
+        if steps:
+            last_epoch, back, position, _, _ = steps[-1]
+            _, _, rest, after = self._chunk(last_epoch, back, position, members)
+            if last_epoch != self.epoch:
+                self._rolled = True  # the script's pass over the epoch ends at its next batch
+            self.epoch, self.position = last_epoch, after
+            self.given_back = returned + carried + rest
             if self.position >= len(self.dataset) and not self.given_back:
                 self._end_epoch()
                 self._rolled = True

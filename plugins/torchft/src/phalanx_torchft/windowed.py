@@ -67,6 +67,8 @@ class Windowed(FaultTolerant):
     #: trained in the window (``LocalSGD``), rather than the model of the
     #: window's start (``DiLoCo``).
     keeps_failed_windows: ClassVar[bool] = False
+    #: The loader settles a window of steps at its sync (QuorumLoader).
+    settles_windows: ClassVar[bool] = True
 
     def __init__(self, *, sync_every: int, **options: Any) -> None:
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
