@@ -113,7 +113,9 @@ class Windowed(FaultTolerant):
         return self.steps_per_sync
 
     def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
-        raise NotImplementedError
+        """TorchFT's algorithm over ``module`` and the inner ``optimizer``
+        (a context manager): each strategy of this kind names its own."""
+        raise NotImplementedError(f"{type(self).__name__} names no TorchFT algorithm (_make_algorithm)")
 
     # -- where the job is ---------------------------------------------------------
 
