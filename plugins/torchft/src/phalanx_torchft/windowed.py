@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 
 from phalanx_core import MisconfigurationError, SaveHandle
 from phalanx_torch.strategies import DDPStrategy
@@ -93,6 +94,9 @@ class Windowed(FaultTolerant):
         self._sync_step = 0  # TorchFT's step as of the last sync's quorum
         self._window_began = time.monotonic()  # when the window in flight took its first step
         self._told: tuple[int, frozenset[int]] = (0, frozenset())  # the sync's dealt-to, trained
+        # The sync's quorum was asked for before the window's last step (a
+        # fragment's delay): its groups check in again before the commit.
+        self._check_in = False
         #: Whether this group's window was in the last sync (committed, and
         #: the group neither healed in it nor had its window dealt by
         #: another quorum): its samples were trained. ``None`` before one.
@@ -277,7 +281,7 @@ class Windowed(FaultTolerant):
         without it. A group's first sync after it joined waits for the
         others' sync, up to a window of theirs: ``quorum_timeout`` and three
         times its own first window's time."""
-        self._in_sync = False
+        self._in_sync = self._check_in = False
         wait = self.quorum_timeout
         if self._window_basis is None:
             wait += 3 * (time.monotonic() - self._window_began)
@@ -294,7 +298,29 @@ class Windowed(FaultTolerant):
             self._told = self._sync_members()
             self._sync_step = int(self.manager.current_step())  # a group that healed: its peers' step
             if not self._mixed:
+                self._check_in = self._quorum_at < self.steps_per_sync
                 return
+
+    def _checked_in(self) -> None:
+        """Before a delayed sync's commit (``fragment_sync_delay``): every
+        group of its quorum says it trained the window to its end, in one
+        all-reduce (a group lost in the delay fails it, and with it the
+        sync, as a group lost in the fragment's all-reduce would: each
+        group's window goes back, and its samples are dealt again). Without
+        it a sync whose all-reduce ended before a group was lost would be
+        committed, and the loader would take that group's steps of the
+        delay, which it never trained."""
+        self._check_in = False
+        manager = self.manager
+        here = torch.ones(1, dtype=torch.int64)
+        manager.allreduce(here, reduce_op=dist.ReduceOp.SUM).wait()
+        if not manager.errored() and int(here) != int(manager.num_participants()):
+            manager.report_error(
+                RuntimeError(
+                    f"step {self.current_step}: {int(here)} of the sync's {manager.num_participants()} "
+                    "groups checked in at its commit; not committed"
+                )
+            )
 
     def _manager_type(self) -> Any:
         return _window_manager()
@@ -443,9 +469,14 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
     - ``fragments``: parts the model is synced in, each a run of the
       module's top-level children (default 1).
     - ``fragment_sync_delay``: steps a fragment's all-reduce overlaps with
-      training before its sync waits for it (default 0).
+      training before its sync waits for it (default 0). The fragment's
+      change is taken as of the delay's start; the window's samples are
+      settled at the sync, the delay's steps with them, and the groups
+      check in once more before the commit (a group lost in the delay
+      fails the sync, as one lost in its all-reduce does).
     - ``fragment_update_alpha``: how much of a fragment's own steps in the
-      delay is kept at its sync (0: none, TorchFT's default).
+      delay is kept at its sync (0: none, TorchFT's default; the other
+      fragments keep those steps whole).
     """
 
     name: ClassVar[str] = "diloco_ft"
@@ -545,21 +576,6 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
         self._outer = [self.outer_optimizer(part.parameters()) for part in self._parts]
         super()._heal_with(module, optimizers)
 
-    def setup_dataloader(
-        self, dataloader: Any, *, use_distributed_sampler: bool = True, move_to_device: bool = True
-    ) -> Any:
-        if self.fragment_sync_delay and use_distributed_sampler:
-            raise MisconfigurationError(
-                f"setup_dataloader() under 'diloco_ft' with fragment_sync_delay={self.fragment_sync_delay}: "
-                "phalanx's loader settles a window's samples at its sync, and the steps a fragment's "
-                "all-reduce overlaps belong to two windows, which it cannot tell apart yet. Leave "
-                "fragment_sync_delay at 0, or split the data yourself (use_distributed_sampler=False: a "
-                "lost group's samples are then not given to the others)"
-            )
-        return super().setup_dataloader(
-            dataloader, use_distributed_sampler=use_distributed_sampler, move_to_device=move_to_device
-        )
-
     def _make_algorithm(self, module: Any, optimizer: Any) -> Any:
         from torchft.local_sgd import DiLoCo
 
@@ -634,6 +650,12 @@ def _window_manager() -> Any:
                 return super().start_quorum(*args, **kwargs)
             strategy._sync_quorum(functools.partial(super().start_quorum, *args, **kwargs))
             return None
+
+        def should_commit(self, *args: Any, **kwargs: Any) -> bool:
+            strategy = self.phalanx_strategy
+            if strategy is not None and strategy._check_in:
+                strategy._checked_in()
+            return bool(super().should_commit(*args, **kwargs))
 
     return _WindowManager
 
