@@ -33,6 +33,7 @@ OUTER = ("-o", "outer_momentum=0")
         ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "--collective", "compressed")),
         ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "-o", "fragment_sync_delay=1")),
         ("diloco_ft", 2, OUTER),
+        ("diloco_hsdp_ft", 2, OUTER),
     ],
     ids=[
         "diloco_ft",
@@ -40,6 +41,7 @@ OUTER = ("-o", "outer_momentum=0")
         "diloco_ft-2-fragments-compressed",
         "diloco_ft-2-fragments-delayed",
         "diloco_ft-groups-of-2",
+        "diloco_hsdp_ft-groups-of-2",
     ],
 )
 def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, strategy, devices, options):
@@ -60,6 +62,8 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
     # with them. diloco_ft-groups-of-2: two ranks
     # a group (DDP within it); TorchFT heals each rank of a group from a
     # source of its own, and every rank ends with the same weights.
+    # diloco_hsdp_ft-groups-of-2: the same with FSDP within each group (a
+    # rank holds half of the model; rank r of every group syncs shard r).
     fragments = "-o" in options and "fragments=2" in options
     job = Job(
         tmp_path,
@@ -165,7 +169,17 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
             assert "float32" not in across["calls"] and across["calls"]["bfloat16"] >= 2, across
 
 
-def test_a_checkpoint_at_a_sync_resumes_under_diloco_ft_and_under_ddp_ft(tmp_path):
+@pytest.mark.parametrize(
+    ("windowed", "synchronous", "devices"),
+    [("diloco_ft", "ddp_ft", 1), ("diloco_hsdp_ft", "hsdp_ft", 2)],
+    ids=["diloco_ft-ddp_ft", "diloco_hsdp_ft-hsdp_ft"],
+)
+def test_a_checkpoint_at_a_sync_resumes_under_diloco_ft_and_under_ddp_ft(
+    tmp_path, windowed, synchronous, devices
+):
+    # diloco_hsdp_ft: two ranks a group, each holding half of the model;
+    # the first checkpoint one file (state_dict_type=full, read here), the
+    # others torch.distributed.checkpoint directories (sharded).
     import torch
 
     (tmp_path / "train.py").write_text(CHECKPOINTED)
@@ -175,27 +189,33 @@ def test_a_checkpoint_at_a_sync_resumes_under_diloco_ft_and_under_ddp_ft(tmp_pat
     def run(strategy: str, until: int, *options: str) -> str:
         done = subprocess.run(
             [sys.executable, "-m", "phalanx", "run", "--strategy", strategy, "--accelerator", "cpu",
-             "--devices", "1", "--replica-groups", "2", "-o", "min_replicas=2", *options,
+             "--devices", str(devices), "--replica-groups", "2", "-o", "min_replicas=2", *options,
              "train.py", str(out), str(until)],
             cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    first = run("diloco_ft", 6, "-o", "sync_every=3")
+    full = ("-o", "state_dict_type=full") if devices > 1 else ()
+    first = run(windowed, 6, "-o", "sync_every=3", *full)
     assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", first) == [("0", "0")] * 2
     assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", first)) == ["3", "6"], first
     saved = torch.load(out / "ckpt" / CheckpointDirectory(out / "ckpt").path(6).name, weights_only=True)
     assert saved["torchft"]["step"] == 6 + 1  # counted as ddp_ft counts: a step each, and the setup's
-    assert len(saved["window"]["outer"]) == 1 and saved["window"]["outer"][0]["state"], saved["window"]
+    outer = saved["window"]["outer"]
+    assert len(outer) == 1 and outer[0]["state"], saved["window"]
+    # The outer optimizer's momentum whole, as the model's weights (not a rank's shard).
+    shapes = sorted(tuple(t.shape) for t in saved["model"].values())
+    assert sorted(tuple(s["momentum_buffer"].shape) for s in outer[0]["state"].values()) == shapes, outer
 
-    again = run("diloco_ft", 9, "-o", "sync_every=3")
+    again = run(windowed, 9, "-o", "sync_every=3")
     assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", again) == [("6", "6")] * 2
     assert sorted(step for _, step in re.findall(r"WROTE group=(\d) step=(\d+)", again)) == ["9"]
-    # Under ddp_ft, from the same checkpoint (its outer optimizer's state left out), and back.
-    synchronous = run("ddp_ft", 12)
-    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", synchronous) == [("9", "9")] * 2
-    back = run("diloco_ft", 15, "-o", "sync_every=3")
+    # Under the synchronous strategy, from the same checkpoint (its outer
+    # optimizer's state left out), and back.
+    synchronous_run = run(synchronous, 12)
+    assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", synchronous_run) == [("9", "9")] * 2
+    back = run(windowed, 15, "-o", "sync_every=3")
     assert re.findall(r"RESUMED group=\d at=(\d+) step=(\d+)", back) == [("12", "12")] * 2
 
 

@@ -147,4 +147,35 @@ def phalanx_strategies() -> list[StrategySpec]:
             },
             collective_needs=("liveness", "reconfigure"),
         ),
+        StrategySpec(
+            name="diloco_hsdp_ft",
+            target=f"{_PKG}.windowed:DiLoCoHSDPFTStrategy",
+            summary="DiLoCo across TorchFT replica groups, FSDP within each: as diloco_ft, the "
+            "model and both optimizers' state sharded over a group's ranks",
+            launcher="replica_groups",
+            collective="torch",
+            parallel=True,
+            priority=-44,
+            needs=_NEEDS,
+            install=INSTALL,
+            traffic={
+                "torch": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
+                "replica group through the torch collective's c10d group each step; between the groups "
+                "only at a sync, every sync_every steps (default 500; a fragment every sync_every / "
+                "fragments): each rank's change of its shard over the window, averaged across the "
+                "sync's groups (rank r of each) through a 'torch' collective of their own (gloo), "
+                "formed again at each TorchFT quorum (reconfigure), then stepped by the outer optimizer "
+                "(SGD, lr 0.7, momentum 0.9, Nesterov, unless outer_lr, outer_momentum or "
+                "outer_optimizer say otherwise)",
+                "*": "parameters and gradients: FSDP's all-gathers and reduce-scatters within the "
+                "replica group through the {collective!r} collective each step; between the groups "
+                "only at a sync, every sync_every steps (default 500; a fragment every sync_every / "
+                "fragments): each rank's change of its shard over the window, averaged across the "
+                "sync's groups (rank r of each) through a {across!r} collective of their own, formed "
+                "again at each TorchFT quorum (reconfigure), then stepped by the outer optimizer (SGD, "
+                "lr 0.7, momentum 0.9, Nesterov, unless outer_lr, outer_momentum or outer_optimizer say "
+                "otherwise)",
+            },
+            collective_needs=("liveness", "reconfigure"),
+        ),
     ]

@@ -15,13 +15,14 @@ import torch
 import torch.distributed as dist
 
 from phalanx_core import MisconfigurationError, SaveHandle
+from phalanx_torch.fsdp import FSDPStrategy
 from phalanx_torch.strategies import DDPStrategy
 
 from ._variables import COMMITTED_FILE_VAR
 from .errors import NoQuorumError
 from .strategy import FaultTolerant, _create
 
-__all__ = ["DiLoCoFTStrategy", "LocalSGDFTStrategy", "Windowed"]
+__all__ = ["DiLoCoFTStrategy", "DiLoCoHSDPFTStrategy", "DiLoCoWindows", "LocalSGDFTStrategy", "Windowed"]
 
 
 class Windowed(FaultTolerant):
@@ -231,7 +232,9 @@ class Windowed(FaultTolerant):
         super()._open_step(timeout)
 
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
-        DDPStrategy.backward(self, tensor, *args, **kwargs)
+        # The strategy within the group's (DDP's, FSDP's): a step between
+        # two syncs asks for no quorum (ddp_ft's backward opens a step).
+        super(FaultTolerant, self).backward(tensor, *args, **kwargs)
 
     # -- a sync -------------------------------------------------------------------
 
@@ -451,13 +454,14 @@ class LocalSGDFTStrategy(Windowed, DDPStrategy):
         return LocalSGD(self.manager, module, optimizer, self.sync_every)
 
 
-class DiLoCoFTStrategy(Windowed, DDPStrategy):
+class DiLoCoWindows(Windowed):
     """DiLoCo across replica groups (TorchFT's ``DiLoCo``, :class:`Windowed`):
     each group takes ``sync_every`` steps of its own optimizer (the inner
     one, ``setup``'s), then the groups average their change over the
     window (the pseudo-gradient) and an outer optimizer steps the window's
     starting model with it. With ``fragments`` the model is synced in
     parts, one every ``sync_every / fragments`` steps (Streaming DiLoCo).
+    Within a group: DDP (``diloco_ft``) or FSDP (``diloco_hsdp_ft``).
 
     Options, with :class:`Windowed`'s (``sync_every``, default 500, the
     DiLoCo paper's ``H``):
@@ -479,9 +483,6 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
       fragments keep those steps whole).
     """
 
-    name: ClassVar[str] = "diloco_ft"
-    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
-
     def __init__(
         self,
         *,
@@ -497,12 +498,12 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
         super().__init__(sync_every=sync_every, **options)
         if outer_optimizer is not None and (outer_lr is not None or outer_momentum is not None):
             raise MisconfigurationError(
-                "strategy 'diloco_ft': outer_optimizer is given with outer_lr or outer_momentum, which "
+                f"strategy {self.name!r}: outer_optimizer is given with outer_lr or outer_momentum, which "
                 "set the default outer optimizer's: give the one or the others"
             )
         if outer_optimizer is not None and not callable(outer_optimizer):
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': outer_optimizer={outer_optimizer!r}; expected a callable that "
+                f"strategy {self.name!r}: outer_optimizer={outer_optimizer!r}; expected a callable that "
                 "makes an optimizer from parameters, e.g. functools.partial(torch.optim.SGD, lr=0.7, "
                 "momentum=0.9, nesterov=True)"
             )
@@ -511,17 +512,17 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
                 isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
             ):
                 raise MisconfigurationError(
-                    f"strategy 'diloco_ft': {option}={value!r}; expected a number >= 0"
+                    f"strategy {self.name!r}: {option}={value!r}; expected a number >= 0"
                 )
         if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': fragments={fragments!r}; expected the number of parts the model "
+                f"strategy {self.name!r}: fragments={fragments!r}; expected the number of parts the model "
                 "is synced in, an int of at least 1"
             )
         if sync_every % fragments:
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': sync_every={sync_every} is not a multiple of fragments={fragments}: "
-                "a fragment is synced every sync_every / fragments steps"
+                f"strategy {self.name!r}: sync_every={sync_every} is not a multiple of "
+                f"fragments={fragments}: a fragment is synced every sync_every / fragments steps"
             )
         per_fragment = sync_every // fragments
         if (
@@ -530,9 +531,9 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
             or not 0 <= fragment_sync_delay < per_fragment
         ):
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': fragment_sync_delay={fragment_sync_delay!r}; expected an int from 0 "
-                f"to {per_fragment - 1} (a fragment is synced every {per_fragment} steps, and its all-reduce "
-                "must end before its next one starts)"
+                f"strategy {self.name!r}: fragment_sync_delay={fragment_sync_delay!r}; expected an int "
+                f"from 0 to {per_fragment - 1} (a fragment is synced every {per_fragment} steps, and its "
+                "all-reduce must end before its next one starts)"
             )
         if (
             isinstance(fragment_update_alpha, bool)
@@ -540,7 +541,7 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
             or not (0 <= fragment_update_alpha <= 1)
         ):
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': fragment_update_alpha={fragment_update_alpha!r}; expected a number "
+                f"strategy {self.name!r}: fragment_update_alpha={fragment_update_alpha!r}; expected a number "
                 "from 0 to 1"
             )
         momentum = 0.9 if outer_momentum is None else float(outer_momentum)
@@ -554,8 +555,9 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
             self.outer_optimizer([torch.zeros(1, requires_grad=True)])
         except Exception as exc:  # noqa: BLE001 - whatever the factory raises
             raise MisconfigurationError(
-                f"strategy 'diloco_ft': the outer optimizer could not be made ({type(exc).__name__}: {exc}); "
-                "outer_optimizer must make an optimizer from an iterable of parameters"
+                f"strategy {self.name!r}: the outer optimizer could not be made "
+                f"({type(exc).__name__}: {exc}); outer_optimizer must make an optimizer from an "
+                "iterable of parameters"
             ) from None
         self.fragments = fragments
         self.fragment_sync_delay = fragment_sync_delay
@@ -590,17 +592,49 @@ class DiLoCoFTStrategy(Windowed, DDPStrategy):
         )
 
     def _window_state(self) -> dict[str, Any]:
-        return {"outer": [o.state_dict() for o in self._outer]}
+        # Whole tensors (FSDP's shards gathered within the group): a
+        # checkpoint loads under any strategy and number of ranks.
+        return {"outer": [_whole(o.state_dict()) for o in self._outer]}
 
     def _load_window_state(self, state: Mapping[str, Any]) -> None:
         outer = state.get("outer", [])
         if len(outer) != len(self._outer):
             raise MisconfigurationError(
-                f"the checkpoint holds {len(outer)} outer optimizer(s) and this diloco_ft job has "
+                f"the checkpoint holds {len(outer)} outer optimizer(s) and this {self.name} job has "
                 f"fragments={self.fragments}: resume with the fragments it was saved with"
             )
         for optimizer, saved in zip(self._outer, outer, strict=True):
-            optimizer.load_state_dict(saved)
+            optimizer.load_state_dict(_laid_out_as(saved, optimizer))
+
+
+class DiLoCoFTStrategy(DiLoCoWindows, DDPStrategy):
+    """``diloco_ft``: DiLoCo across replica groups (:class:`DiLoCoWindows`),
+    DDP within each."""
+
+    name: ClassVar[str] = "diloco_ft"
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "broadcast", "all_reduce"})
+
+
+class DiLoCoHSDPFTStrategy(DiLoCoWindows, FSDPStrategy):
+    """``diloco_hsdp_ft``: DiLoCo across replica groups (:class:`DiLoCoWindows`),
+    FSDP (torch's ``fully_shard``) within each: a group's ranks hold shards
+    of the model and of both optimizers' state, and at a sync rank r of
+    every group averages the pseudo-gradient of shard r (TorchFT's DiLoCo
+    works on the shards). As under ``fsdp``, ``setup`` takes the inner
+    optimizer's factory (``functools.partial(torch.optim.AdamW, lr=1e-3)``);
+    FSDP's options (``shard_modules``, ``mp_policy``, ``state_dict_type``,
+    ...) are this strategy's too. Checkpoints (at a sync) are written by the
+    group that leads the sync's quorum, as under ``hsdp_ft``."""
+
+    name: ClassVar[str] = "diloco_hsdp_ft"
+    traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
+
+    def save_checkpoint(
+        self, path: str | os.PathLike[str], state: Mapping[str, Any], *, blocking: bool = True
+    ) -> SaveHandle:
+        if self.at_sync and not self._leads():
+            return SaveHandle.finished(path)  # the leading group writes (its shards or its whole state)
+        return super().save_checkpoint(path, state, blocking=blocking)
 
 
 class _WindowOptimizer:
@@ -664,15 +698,61 @@ def _window_manager() -> Any:
 _START_POLL = 0.25
 
 
+def _local(tensor: Any) -> Any:
+    """This rank's shard of a DTensor (FSDP's parameters); else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def _copies(module: Any) -> list[Any]:
-    """The module's parameters, copied to the CPU."""
-    return [p.detach().to("cpu", copy=True) for p in module.parameters()]
+    """The module's parameters (this rank's shards), copied to the CPU."""
+    return [_local(p.detach()).to("cpu", copy=True) for p in module.parameters()]
 
 
 def _load_into(module: Any, tensors: list[Any]) -> None:
     with torch.no_grad():
         for parameter, tensor in zip(module.parameters(), tensors, strict=True):
-            parameter.copy_(tensor)
+            _local(parameter).copy_(tensor)
+
+
+def _whole(state: Any) -> Any:
+    """``state`` with each DTensor in it gathered whole (a collective of the
+    group's ranks)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return state.full_tensor()
+    if isinstance(state, dict):
+        return {key: _whole(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_whole(value) for value in state)
+    return state
+
+
+def _laid_out_as(saved: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
+    """An optimizer's saved state of whole tensors (:func:`_whole`) as the
+    optimizer holds it: each state tensor of a sharded parameter's shape
+    (SGD's momentum, Adam's moments) split as the parameter is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def like(value: Any, parameter: Any) -> Any:
+        if not isinstance(parameter, DTensor) or not isinstance(value, torch.Tensor):
+            return value
+        if tuple(value.shape) != tuple(parameter.shape):
+            return value
+        # Each rank takes its own part of the whole tensor it read (no collective).
+        return distribute_tensor(
+            value.to(parameter.device), parameter.device_mesh, parameter.placements, src_data_rank=None
+        )
+
+    state = {
+        index: {name: like(value, parameters[int(index)]) for name, value in values.items()}
+        for index, values in saved.get("state", {}).items()
+    }
+    return {**saved, "state": state}
 
 
 def _fragments(module: Any, count: int, name: str) -> list[Any]:

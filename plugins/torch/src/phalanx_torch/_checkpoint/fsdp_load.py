@@ -159,10 +159,14 @@ def _load_full(
 ) -> dict[str, Any]:
     # Rank 0 reads the file and broadcasts what it read, so that only one
     # rank holds the whole state at a time. A failure to read it is
-    # every rank's error (no rank is left waiting on a broadcast).
+    # every rank's error (no rank is left waiting on a broadcast). Rank 0
+    # of the strategy's ranks, which is not always the job's one process
+    # that writes (is_global_zero): under hsdp_ft each replica group reads
+    # its own copy.
+    reader = strategy.global_rank == 0
     loaded: dict[str, Any] = {}
     failure: BaseException | None = None
-    if strategy.is_global_zero:
+    if reader:
         try:
             loaded = strategy.checkpoint_io.load(path, weights_only=weights_only)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
@@ -185,7 +189,7 @@ def _load_full(
         problem = (ours, str(failure) if ours else repr(failure))
     header = (problem, sorted(loaded), head, layout)
     if strategy.world_size > 1:
-        header = strategy.broadcast_object(header if strategy.is_global_zero else None, src=0)
+        header = strategy.broadcast_object(header if reader else None, src=0)
     problem, present_keys, head, layout = header
     if failure is not None:
         raise failure
