@@ -232,6 +232,8 @@ def test_the_options_are_checked_before_any_rank_starts():
             "expected an int from 0 to 4",
         ),
         ("diloco_ft", {"fragment_update_alpha": 2}, "fragment_update_alpha=2"),
+        ("diloco_hsdp_ft", {"fragments": 0}, "strategy 'diloco_hsdp_ft': fragments=0"),
+        ("diloco_hsdp_ft", {"state_dict_type": "both"}, "strategy 'diloco_hsdp_ft': state_dict_type='both'"),
         ("diloco_ft", {"outer_lr": 0.5, "outer_optimizer": print}, "give the one or the others"),
         ("diloco_ft", {"outer_optimizer": 3}, "expected a callable"),
         ("diloco_ft", {"outer_optimizer": lambda params: None.step}, "the outer optimizer could not be made"),
