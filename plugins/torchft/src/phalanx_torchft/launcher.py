@@ -328,12 +328,13 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
             "groups": groups,
             "lighthouse": lighthouse,
             "quorum": (
-                "each step's groups are those that ask for it with a heartbeat younger than "
+                "a quorum (each step's under ddp_ft and hsdp_ft, each sync's under local_sgd_ft and "
+                "the diloco strategies) is the groups that ask for it with a heartbeat younger than "
                 f"{self.heartbeat_timeout:g} s (heartbeat_timeout): at once when every group of the last "
-                "step's quorum has asked; else once every heartbeating group has, or "
+                "quorum has asked; else once every heartbeating group has, or "
                 f"{self.join_timeout:g} s after the first did (join_timeout), if they are at least "
                 f"{self.min_replicas} (min_replicas) and more than half of the heartbeating groups; "
-                f"else the step waits. Checked every {self.quorum_tick:g} s (quorum_tick)"
+                f"else it waits. Checked every {self.quorum_tick:g} s (quorum_tick)"
             ),
         }
 
