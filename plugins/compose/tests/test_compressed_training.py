@@ -146,3 +146,82 @@ def test_async_all_reduce_returns_before_it_is_done_and_ddp_gets_the_backends_fu
         assert pending in (None, 8), f"{pending} of 8 all_reduces pending when the calls returned"
         assert handed == "NativeWork", handed
         assert value == [3.0, 3.0], value
+
+
+def int8_all_reduces(strategy):
+    """Under ``dtype="int8"``: an all_reduce of a sum of this rank's random
+    floats against the exact one (the inner collective's, in float32), what
+    the inner collective was given, a mean through the asynchronous path
+    and phalanx's process group (DDP's), a max (carried in bf16), and 8
+    all_reduces of one tensor with error feedback."""
+    from phalanx_torch.process_group import CollectiveProcessGroup
+
+    collective, inner = strategy.collective, strategy.collective.inner
+    rank, size = strategy.global_rank, strategy.world_size
+    mine = torch.randn(100_003, generator=torch.Generator().manual_seed(rank)) * (rank + 1)
+    exact = mine.clone()
+    inner.all_reduce(exact, "sum")
+    _, carried = count_calls(inner)
+    summed = mine.clone()
+    assert collective.all_reduce(summed, "sum") is summed
+    given = dict(carried)
+    # The bound of two roundings: each rank's values within half a step of
+    # its block's scale (at most its largest magnitude / 127), the sum's too.
+    largest = mine.abs().max().clone()
+    inner.all_reduce(largest, "max")
+    bound = (size * float(largest) + float(exact.abs().max())) / 254 * 1.0001
+    meant = mine.clone()
+    work = collective.all_reduce(meant, "mean", async_op=True)
+    group = CollectiveProcessGroup(collective)
+    bucket = mine[:1000].clone()
+    handed = group.allreduce([bucket])
+    handed.get_future().wait()
+    group.unregister()
+    most = torch.full((10,), float(rank + 1))
+    collective.all_reduce(most, "max")
+    again = mine.clone()
+    results = []
+    for _ in range(8):
+        again.copy_(mine)
+        fed = collective.all_reduce(again, "sum")
+        results.append(fed.clone())
+    return {
+        "error": float((summed - exact).abs().max()),
+        "bound": bound,
+        "values": summed[:4].tolist(),
+        "given": given,
+        "mean_error": float((work.wait() - exact / size).abs().max()),
+        "bucket": float((bucket - exact[:1000]).abs().max()),
+        "handed": type(handed).__name__,
+        "max": most[:2].tolist(),
+        "fed_error": float((torch.stack(results).sum(0) - 8 * exact).abs().max()),
+    }
+
+
+def test_int8_all_reduce_carries_a_quarter_of_the_bytes_within_two_roundings_the_same_on_every_rank():
+    size = 3
+    strategy = phalanx.resolve(
+        "ddp", accelerator="cpu", devices=size, launcher="spawn", collective="compressed",
+        inner="torch", dtype="int8", error_feedback=True,
+    )  # fmt: skip
+    results = strategy.launch(int8_all_reduces)
+    values = results[0]["values"]
+    for found in results:
+        assert found["values"] == values  # every rank the same values
+        assert 0 < found["error"] <= found["bound"], found
+        assert found["mean_error"] <= found["bound"] / size * 1.01, found
+        assert found["bucket"] <= found["bound"], found
+        assert found["handed"] == "NativeWork", found  # DDP gets a torch Work
+        assert found["max"] == [3.0, 3.0], found  # max: bf16, exact for these
+        # Error feedback: 8 sums of the same tensor off by about one
+        # rounding in all, not 8.
+        assert found["fed_error"] <= 3 * found["bound"], found
+        # On the wire (gloo: all_to_all sends each other rank its part;
+        # the ring all_gather sends this rank's part to size - 1 ranks)
+        # against float32's ring all_reduce (2 (size - 1) / size of the
+        # tensor's bytes): a quarter, and the scales (4 bytes a 256 values).
+        given = found["given"]
+        assert set(given) == {"all_to_all", "all_gather"}, given
+        sent = given["all_to_all"] * (size - 1) / size + given["all_gather"] * (size - 1)
+        float32 = 2 * (size - 1) / size * 100_003 * 4
+        assert sent <= float32 / 4 * (1 + 4 / 256) * 1.01, (sent, float32)

@@ -23,6 +23,8 @@ H = 4  # sync_every: a window of four steps (the script's step takes 0.1 s)
 #: regression (SGD, windows of 4) to inf within 200 steps, which a slow
 #: restart under load reached.
 OUTER = ("-o", "outer_momentum=0")
+#: Between the groups only: compressed's int8 all-reduce.
+INT8 = ("-o", "across=compressed", "-o", 'across_options={"dtype": "int8"}')
 
 
 @pytest.mark.parametrize(
@@ -31,7 +33,7 @@ OUTER = ("-o", "outer_momentum=0")
         ("diloco_ft", 1, OUTER),
         ("local_sgd_ft", 1, ()),
         ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "--collective", "compressed")),
-        ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "-o", "fragment_sync_delay=1")),
+        ("diloco_ft", 1, (*OUTER, "-o", "fragments=2", "-o", "fragment_sync_delay=1", *INT8)),
         ("diloco_ft", 2, OUTER),
         ("diloco_hsdp_ft", 2, OUTER),
     ],
@@ -39,7 +41,7 @@ OUTER = ("-o", "outer_momentum=0")
         "diloco_ft",
         "local_sgd_ft",
         "diloco_ft-2-fragments-compressed",
-        "diloco_ft-2-fragments-delayed",
+        "diloco_ft-2-fragments-delayed-int8",
         "diloco_ft-groups-of-2",
         "diloco_hsdp_ft-groups-of-2",
     ],
@@ -53,15 +55,16 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
     # the window's start, its window not in the sync) and is in every sync
     # after. diloco_ft-2-fragments-compressed: the model synced in two
     # fragments (its two Linear layers), one every two steps (Streaming
-    # DiLoCo), in bf16 between the groups. diloco_ft-2-fragments-delayed:
-    # the same, each fragment's all-reduce started a step before its sync
-    # (fragment_sync_delay=1): group 1 is killed in that delay (step 9 is
-    # the last of the window of steps 8 and 9), after its all-reduce, so
-    # the survivors' sync fails at its commit (the groups check in again
-    # there) and the window's samples are dealt again, group 1's share
-    # with them. diloco_ft-groups-of-2: two ranks
-    # a group (DDP within it); TorchFT heals each rank of a group from a
-    # source of its own, and every rank ends with the same weights.
+    # DiLoCo), in bf16 between the groups. diloco_ft-2-fragments-delayed-int8:
+    # the same in int8 between the groups (compressed's), each fragment's
+    # all-reduce started a step before its sync (fragment_sync_delay=1):
+    # group 1 is killed in that delay (step 9 is the last of the window of
+    # steps 8 and 9), after its all-reduce, so the survivors' sync fails
+    # at its commit (the groups check in again there) and the window's
+    # samples are dealt again, group 1's share with them.
+    # diloco_ft-groups-of-2: two ranks a group (DDP within it); TorchFT
+    # heals each rank of a group from a source of its own, and every rank
+    # ends with the same weights.
     # diloco_hsdp_ft-groups-of-2: the same with FSDP within each group (a
     # rank holds half of the model; rank r of every group syncs shard r).
     fragments = "-o" in options and "fragments=2" in options
@@ -160,7 +163,14 @@ def test_a_killed_group_heals_at_a_sync_while_the_others_train_on(tmp_path, stra
         repeated = sum(n - 1 for n in counts.values())
         assert repeated < 2 * 3 * devices + len(carried), (epoch, counts)  # the end filled from the start
         carried = missing
-    if "compressed" in options:  # between the groups in bf16 (the collective's inner one got no float32)
+    if INT8[-1] in options:  # between the groups in int8 (parts to their ranks), no float32 all-reduce
+        for path in job.out.glob("group*-rank*-*.pt"):
+            import torch
+
+            across = torch.load(path)["across"]
+            assert across["collective"] == "CompressedCollective", across
+            assert "float32" not in across["calls"] and across["calls"]["all_to_all"] >= 2, across
+    elif "compressed" in options:  # between the groups in bf16 (the collective's inner one got no float32)
         for path in job.out.glob("group*-rank*-*.pt"):
             import torch
 
