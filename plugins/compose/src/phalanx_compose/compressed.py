@@ -316,13 +316,13 @@ class CompressedCollective(Collective):
         if self.error_feedback:
             rounded = torch.cat([_dequantize(payload, part) for payload in sent])[: flat.numel()]
             self._residuals[key] = flat - rounded
-        received = self.inner.all_to_all(sent)
+        received: list[torch.Tensor] = self.inner.all_to_all(sent)  # type: ignore[assignment]
         total = torch.zeros(part, dtype=torch.float32, device=flat.device)
         for payload in received:
             total.add_(_dequantize(payload, part))
         if op == "mean":
             total.div_(n)
-        gathered = self.inner.all_gather(_quantize(total))
+        gathered: list[torch.Tensor] = self.inner.all_gather(_quantize(total))  # type: ignore[assignment]
         whole = torch.cat([_dequantize(payload, part) for payload in gathered])[: flat.numel()]
         with torch.no_grad():
             tensor.copy_(whole.view(tensor.shape))
