@@ -81,6 +81,55 @@ def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_pa
         assert set(trained[epoch]) == set(range(120)), (epoch, output)
 
 
+def test_under_diloco_ft_a_lost_host_is_left_out_of_the_syncs_and_its_replacement_heals_at_one(bed, tmp_path):
+    # diloco_ft, windows of 4 steps, one group a host; node1 killed whole
+    # at step 9 (the window of steps 8 to 11), its batch in hand.
+    window = 4
+    options = ("-o", f"sync_every={window}", "-o", "outer_momentum=0")
+    job = Job(
+        tmp_path, "--devices", "1", "--replica-groups", "3", *options,
+        strategy="diloco_ft", hosts=bed.hosts, park_at=9,
+    )  # fmt: skip
+    victim_file = job.out / "victim"
+    job.wait_for(victim_file.exists, "group 1 (node1) at step 9")
+    victim = int(victim_file.read_text())
+    killed = bed.kill_all(bed.hosts[1])  # its phalanx run, its group's launcher, its rank
+    assert killed >= 3, killed
+    job.processes[1].wait(30)
+    # The other hosts' groups sync alone (each sync's quorum: two groups).
+    job.wait_for(
+        lambda: sum(1 for s in job.steps if s[0] == 0 and s[3] >= 12 and s[5] == 2) >= 2 * window,
+        "windows of the two other groups",
+    )
+    job.start(1)  # the host back: a replacement with node1's name and address
+    job.wait_for(
+        lambda: any(s[0] == 1 and s[2] != victim and s[5] for s in job.syncs), "node1's window in a sync"
+    )
+    last = max(s[3] for s in job.steps)
+    job.stop_after(0, at_least=(last // window + 3) * window)  # at a window's end
+    job.finish()
+    output = job.output
+    assert job.codes[0] == 0 and job.codes[2] == 0 and job.codes[3] == 0, (job.codes, output)
+    assert job.codes[1] == -signal.SIGKILL, job.codes
+    for group in (0, 2):  # never restarted: one process each
+        assert len(job.pids(group)) == 1, output
+    assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
+    # The replacement healed at its first sync (its window not in it), and
+    # its window was in every sync after.
+    replacement = ranks_of(job, 1, 0)[-1]
+    back = [
+        (committed, contributed)
+        for _, _, pid, _, committed, contributed, _ in job.syncs
+        if pid == replacement
+    ]
+    assert back and back[0] == (True, False), (back, output)
+    assert all(entry == (True, True) for entry in back[1:]), back
+    same_weights_everywhere(job, 3)
+    trained = job.windows_trained()
+    for epoch in sorted(trained)[:-1]:
+        assert set(trained[epoch]) == set(range(120)), (epoch, output)
+
+
 def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp_path):
     # Short timeouts: a survivor's all-reduce with the cut host's group
     # gives up after replica_timeout, the cut group's quorum after
