@@ -159,19 +159,24 @@ class Windowed(FaultTolerant):
     def _heal_with(self, module: Any, optimizers: tuple[Any, ...]) -> None:
         self._module = module
         self._window_start = _copies(module)
+        super()._heal_with(module, optimizers)
+
+    def _register_window(self, module: Any) -> None:
+        """The window's starting model as state a healing group copies,
+        registered after the module's (its load comes after the module's)
+        and before the first quorum this group asks for, which may heal it
+        (a group that joins as the others sync heals in its setup)."""
 
         def state_dict() -> dict[str, Any]:
             return {"start": self._window_start}
 
         def load_state_dict(state: dict[str, Any]) -> None:
-            # After the module's own state (registered before this): the
-            # model of the window's start, so that this group, which trained
-            # its window from other weights, adds nothing to the sync.
+            # The model of the window's start, so that this group, which
+            # trained its window from other weights, adds nothing to the sync.
             self._window_start = [t.clone() for t in state["start"]]
             _load_into(module, self._window_start)
             self._healed = True
 
-        super()._heal_with(module, optimizers)
         self.manager.register_state_dict_fn("phalanx_window", load_state_dict, state_dict)
 
     def _start_alike(self, module: Any) -> None:
@@ -186,6 +191,7 @@ class Windowed(FaultTolerant):
         :class:`NoQuorumError`. A group that joins a job that has trained
         (the launcher's mark), or whose quorum finds the others at a sync,
         heals at its first sync instead."""
+        self._register_window(module)
         committed = os.environ.get(COMMITTED_FILE_VAR)
         if committed and os.path.exists(committed):
             self._setups += 1
@@ -298,6 +304,13 @@ class Windowed(FaultTolerant):
                     self._wait_quorum()  # NoQuorumError where none came; the job's end
                 finally:
                     self._step_open = False
+            if self._window_basis is None and not self._healed:
+                # A group that joined as the others synced (it healed in its
+                # setup, to the window's start) and meets them again at the
+                # same step: nothing to heal, but its window was trained
+                # blind, on batches given back. It adds nothing, as a group
+                # that heals here does.
+                _load_into(self._module, self._window_start)
             self._told = self._sync_members()
             self._sync_step = int(self.manager.current_step())  # a group that healed: its peers' step
             if not self._mixed:
