@@ -713,14 +713,20 @@ _CALLBACK_WORDS = "Got the following error when running the callback: "
 def _shards(state: Any) -> Any:
     """``state`` with each DTensor in it replaced by this rank's shard
     (dicts, lists, tuples)."""
+    return _each_dtensor(state, lambda tensor: tensor.to_local())
+
+
+def _each_dtensor(state: Any, change: Any) -> Any:
+    """``state`` with ``change`` made to each DTensor in it (dicts, lists,
+    tuples)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(state, DTensor):
-        return state.to_local()
+        return change(state)
     if isinstance(state, dict):
-        return {key: _shards(value) for key, value in state.items()}
+        return {key: _each_dtensor(value, change) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(_shards(value) for value in state)
+        return type(state)(_each_dtensor(value, change) for value in state)
     return state
 
 

@@ -20,7 +20,7 @@ from phalanx_torch.strategies import DDPStrategy
 
 from ._variables import COMMITTED_FILE_VAR
 from .errors import NoQuorumError
-from .strategy import FaultTolerant, _create
+from .strategy import FaultTolerant, _create, _each_dtensor
 
 __all__ = ["DiLoCoFTStrategy", "DiLoCoHSDPFTStrategy", "DiLoCoWindows", "LocalSGDFTStrategy", "Windowed"]
 
@@ -732,15 +732,7 @@ def _load_into(module: Any, tensors: list[Any]) -> None:
 def _whole(state: Any) -> Any:
     """``state`` with each DTensor in it gathered whole (a collective of the
     group's ranks)."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(state, DTensor):
-        return state.full_tensor()
-    if isinstance(state, dict):
-        return {key: _whole(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_whole(value) for value in state)
-    return state
+    return _each_dtensor(state, lambda tensor: tensor.full_tensor())
 
 
 def _laid_out_as(saved: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
