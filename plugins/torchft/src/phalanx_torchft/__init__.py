@@ -5,9 +5,9 @@ is lost.
 parallel across *replica groups*; TorchFT's ``Manager`` agrees on every
 step's members through a lighthouse, drops a group that is gone at the
 next step, and heals a group that comes back from a healthy peer.
-``local_sgd_ft`` and ``diloco_ft`` (:mod:`phalanx_torchft.windowed`) sync
-the groups once a window of steps (TorchFT's ``LocalSGD`` and ``DiLoCo``),
-for slow links between them.
+``local_sgd_ft``, ``diloco_ft`` and ``diloco_hsdp_ft`` (FSDP within a
+group; :mod:`phalanx_torchft.windowed`) sync the groups once a window of
+steps (TorchFT's ``LocalSGD`` and ``DiLoCo``), for slow links between them.
 ``replica_groups`` (:class:`~phalanx_torchft.launcher.ReplicaGroupsLauncher`)
 starts the lighthouse and the groups and restarts a group that dies.
 :class:`QuorumLoader` (what ``setup_dataloader`` returns) deals each

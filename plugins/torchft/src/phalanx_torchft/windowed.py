@@ -1,6 +1,6 @@
-"""``local_sgd_ft`` and ``diloco_ft``: replica groups that train on their
-own for a window of steps and agree on the model at its end (TorchFT's
-``LocalSGD`` and ``DiLoCo``), fault tolerant as ``ddp_ft``."""
+"""``local_sgd_ft``, ``diloco_ft`` and ``diloco_hsdp_ft``: replica groups
+that train on their own for a window of steps and agree on the model at its
+end (TorchFT's ``LocalSGD`` and ``DiLoCo``), fault tolerant as ``ddp_ft``."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ __all__ = ["DiLoCoFTStrategy", "DiLoCoHSDPFTStrategy", "DiLoCoWindows", "LocalSG
 
 
 class Windowed(FaultTolerant):
-    """What ``local_sgd_ft`` and ``diloco_ft`` share: each replica group
-    trains on its own (DDP within the group, over the strategy's
-    collective) for ``sync_every`` steps, a window, and at its end the
+    """What the windowed strategies share: each replica group trains on
+    its own (DDP or FSDP within the group, over the strategy's collective)
+    for ``sync_every`` steps, a window, and at its end the
     groups in that sync's quorum agree on the model, through TorchFT's
     manager and the collective between the groups (``across``): nothing
     crosses between the groups inside a window.
