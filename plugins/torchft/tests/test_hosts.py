@@ -125,9 +125,16 @@ def test_under_diloco_ft_a_lost_host_is_left_out_of_the_syncs_and_its_replacemen
     assert back and back[0] == (True, False), (back, output)
     assert all(entry == (True, True) for entry in back[1:]), back
     same_weights_everywhere(job, 3)
+    # Every sample of an epoch in one window a sync took; where a window
+    # ran past the epoch's end (with two groups an epoch is 7.5 windows),
+    # the share of its old-epoch steps that a group not in the sync was
+    # dealt (node1's lost window, or its replacement's first, blind one) is
+    # trained at the next epoch's start, within a window's share.
     trained = job.windows_trained()
     for epoch in sorted(trained)[:-1]:
-        assert set(trained[epoch]) == set(range(120)), (epoch, output)
+        missing = set(range(120)) - set(trained[epoch])
+        assert missing <= set(trained[epoch + 1]), (epoch, sorted(missing), output)
+        assert len(missing) <= window * 2, (epoch, sorted(missing))
 
 
 def test_a_host_cut_off_the_network_drops_out_and_heals_when_it_is_back(bed, tmp_path):
