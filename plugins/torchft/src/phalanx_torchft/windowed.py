@@ -203,8 +203,14 @@ class Windowed(FaultTolerant):
             self._ask_quorum(timeout=self._start_wait)
             self._trained_members(basis=None, at_setup=True, late=time.monotonic() > deadline)
             if self._mixed or self.manager.current_step() > 0:
+                # The others are past their start: this group heals at its
+                # first sync, behind them. Where this quorum was one of their
+                # syncs, TorchFT healed it here, to their step, before its
+                # loader was set up (setup_dataloader comes after setup):
+                # back to step 0, so that its first sync heals it whole.
                 self._setups += 1
-                return  # the others are past their start: this group heals at its first sync
+                self.manager.load_state_dict({**self.manager.state_dict(), "step": 0})
+                return
             members = int(self.manager.num_participants())
             if members >= groups or (members >= majority and self._late):
                 break
@@ -304,13 +310,6 @@ class Windowed(FaultTolerant):
                     self._wait_quorum()  # NoQuorumError where none came; the job's end
                 finally:
                     self._step_open = False
-            if self._window_basis is None and not self._healed:
-                # A group that joined as the others synced (it healed in its
-                # setup, to the window's start) and meets them again at the
-                # same step: nothing to heal, but its window was trained
-                # blind, on batches given back. It adds nothing, as a group
-                # that heals here does.
-                _load_into(self._module, self._window_start)
             self._told = self._sync_members()
             self._sync_step = int(self.manager.current_step())  # a group that healed: its peers' step
             if not self._mixed:
