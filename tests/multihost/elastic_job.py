@@ -97,6 +97,8 @@ def main() -> None:
             if step % 2 == 0:
                 checkpoints.save(strategy, step, state, blocking=False)
             time.sleep(pause)
+            while (out / "hold").exists():  # the test holds the job open (a host on its way in)
+                time.sleep(0.05)
     strategy.save_checkpoint(out / "final.pt", {"model": model})
     if strategy.is_global_zero:
         done = {"restarts": strategy.restart_count, "world": strategy.world_size, "steps": step, "host": host}

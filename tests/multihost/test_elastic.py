@@ -163,7 +163,22 @@ def test_a_lost_host_leaves_the_job_on_two_and_a_host_started_again_joins(make_b
     job.wait_for(lambda: job.steps(world=2) > 0)
     recovered = time.monotonic() - lost_at
     job.wait_for(lambda: job.steps(world=2) >= job.steps(world=3) + 4)
-    job.start(2)  # the host comes back
+    # The host comes back. The job is held between steps until the two
+    # others have seen it ask to join: on a loaded machine its start (a
+    # fresh Python, torch) took longer than the rest of the job, which then
+    # ended first, and a node that arrives at an ended job exits 1 (as
+    # torchrun's agent does on a closed rendezvous), where this test wants
+    # the join.
+    (out / "hold").touch()
+    job.start(2)
+
+    def asked():
+        """node 0 to see host 2 ask to join"""
+        said = "asked to join; every rank is stopped and the nodes meet in a new round"
+        return said in job.logs[0].read_text()
+
+    job.wait_for(asked)
+    (out / "hold").unlink()
     codes = job.wait()
     assert codes == {"node0": 0, "node1": 0, "node2": 0}, job.describe()
     done = json.loads((out / "done.json").read_text())
