@@ -64,7 +64,7 @@ def test_an_unknown_inner_collective_is_refused_naming_those_that_exist():
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ({"dtype": "int8"}, r"dtype='int8'; give 'bf16'"),
+        ({"dtype": "fp8"}, r"dtype='fp8'; give 'bf16'"),
         ({"error_feedback": "yes"}, r"error_feedback='yes'"),
         ({"inner": "compressed"}, r"would compress twice"),
         ({"inner_options": {"nosuch": 1}}, r"does not take the options"),
