@@ -41,6 +41,19 @@ def same_weights_everywhere(job: Job, groups: int) -> None:
         assert all(a.equal(b) for a, b in zip(first, weights, strict=True)), path.name
 
 
+def node1_killed_and_replaced_the_others_never_restarted(job: Job) -> str:
+    """After a job whose node1 was killed whole and started again: the
+    other nodes and the replacement ended well, node1's first run by
+    SIGKILL, and no launcher restarted a group; the job's output."""
+    output = job.output
+    assert job.codes[0] == 0 and job.codes[2] == 0 and job.codes[3] == 0, (job.codes, output)
+    assert job.codes[1] == -signal.SIGKILL, job.codes
+    for group in (0, 2):  # never restarted: one process each
+        assert len(job.pids(group)) == 1, output
+    assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
+    return output
+
+
 def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_path):
     job = Job(tmp_path, "--devices", "1", "--replica-groups", "3", hosts=bed.hosts, park_at=10)
     victim_file = job.out / "victim"
@@ -57,13 +70,7 @@ def test_a_lost_host_drops_out_and_its_replacement_heals_from_a_peer(bed, tmp_pa
     job.wait_for(lambda: len(job.pids(1)) == 2, "node1's group training again")
     job.stop_after(8)
     job.finish()
-    output = job.output
-    assert job.codes[0] == 0 and job.codes[2] == 0 and job.codes[3] == 0, (job.codes, output)
-    assert job.codes[1] == -signal.SIGKILL, job.codes
-
-    for group in (0, 2):  # never restarted: one process each
-        assert len(job.pids(group)) == 1, output
-    assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
+    output = node1_killed_and_replaced_the_others_never_restarted(job)
     # Group 1 died holding its step-10 batch: no step from 10 on had three groups
     # until its replacement came. (A survivor whose all-reduce broke where the
     # other's completed copies the step from it, as TorchFT heals: not counted.)
@@ -108,12 +115,7 @@ def test_under_diloco_ft_a_lost_host_is_left_out_of_the_syncs_and_its_replacemen
     last = max(s[3] for s in job.steps)
     job.stop_after(0, at_least=(last // window + 3) * window)  # at a window's end
     job.finish()
-    output = job.output
-    assert job.codes[0] == 0 and job.codes[2] == 0 and job.codes[3] == 0, (job.codes, output)
-    assert job.codes[1] == -signal.SIGKILL, job.codes
-    for group in (0, 2):  # never restarted: one process each
-        assert len(job.pids(group)) == 1, output
-    assert "phalanx run: replica group" not in output, output  # no launcher restarted a group
+    output = node1_killed_and_replaced_the_others_never_restarted(job)
     # The replacement healed at its first sync (its window not in it), and
     # its window was in every sync after.
     replacement = ranks_of(job, 1, 0)[-1]
