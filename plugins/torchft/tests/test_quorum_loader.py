@@ -266,3 +266,16 @@ def test_a_distributed_sampler_is_refused_saying_to_drop_it_and_shuffle():
         shuffle = "False" if which == "torch" else "True"
         with pytest.raises(MisconfigurationError, match=rf"Drop sampler= .* pass shuffle={shuffle}"):
             QuorumLoader(Rank(0, 0), DataLoader(Samples(), batch_size=BATCH, sampler=sampler))
+
+
+def test_a_loader_split_by_the_user_is_kept_as_given():
+    # use_distributed_sampler=False: no quorum deal, the base strategy's
+    # loader (the batches moved to the device where asked).
+    import phalanx
+
+    strategy = phalanx.resolve("ddp_ft", accelerator="cpu", devices=1)
+    loader = DataLoader(Samples(), batch_size=BATCH)
+    assert strategy.setup_dataloader(loader, use_distributed_sampler=False, move_to_device=False) is loader
+    moved = strategy.setup_dataloader(loader, use_distributed_sampler=False)
+    assert not isinstance(moved, QuorumLoader)
+    assert moved.loader is loader

@@ -77,7 +77,7 @@ from .environment import JOB_VAR, NODES_VAR, in_rank
 if TYPE_CHECKING:
     from phalanx_core import Accelerator, ClusterEnvironment
 
-__all__ = ["RayLauncher"]
+__all__ = ["RayCluster", "RayLauncher"]
 
 T = TypeVar("T")
 
@@ -255,11 +255,15 @@ class RayLauncher(Launcher):
 # -- one job: its cluster, placement group and actors -----------------------------------
 
 
-class _Cluster:
+class RayCluster:
     """The Ray instance of one job: one this process had joined already,
-    one at ``address``, or a local one started for the job. An instance
-    this launcher started or joined is shut down (left, for a cluster) when
-    the last job using it closes: two warm jobs of one notebook share it."""
+    one at ``address``, or a local one started for the job, for ``cpus``
+    CPUs (a local one has at least that many). An instance a
+    ``RayCluster`` started or joined is shut down (left, for a cluster)
+    when the last job using it calls :meth:`close`: two warm jobs of one
+    notebook share it. Public for other launchers that run on Ray
+    (phalanx-torchft's replica groups): one Ray instance per process,
+    whoever starts the job."""
 
     #: Jobs now using the instance a launcher here started or joined, and
     #: whether that is a local instance it started.
@@ -272,17 +276,17 @@ class _Cluster:
         import ray
 
         self.closed = False
-        self.started = _Cluster._ours and _Cluster._local
+        self.started = RayCluster._ours and RayCluster._local
         if ray.is_initialized():
-            joined = _Cluster._address if _Cluster._ours else "the Ray instance ray.init() gave"
-            if address is not None and (not _Cluster._ours or address != _Cluster._address):
+            joined = RayCluster._address if RayCluster._ours else "the Ray instance ray.init() gave"
+            if address is not None and (not RayCluster._ours or address != RayCluster._address):
                 raise MisconfigurationError(
                     f"{_TAG}: address={address!r}, but this process is already joined to {joined} "
                     "(one Ray instance per process); drop address= to run there, or end what uses "
                     "it first (strategy.teardown() of a warm job, or ray.shutdown())"
                 )
-            if _Cluster._ours:
-                _Cluster._users += 1
+            if RayCluster._ours:
+                RayCluster._users += 1
             else:
                 self.closed = True  # the user's own: never shut down here
             return
@@ -312,10 +316,10 @@ class _Cluster:
                     **options,
                 )
         #: Whether this job's instance is a local one a launcher started.
-        self.started = _Cluster._local = address is None
-        _Cluster._ours = True
-        _Cluster._users = 1
-        _Cluster._address = address or "a local Ray instance started for a job"
+        self.started = RayCluster._local = address is None
+        RayCluster._ours = True
+        RayCluster._users = 1
+        RayCluster._address = address or "a local Ray instance started for a job"
 
     def close(self) -> None:
         import ray
@@ -323,9 +327,9 @@ class _Cluster:
         if self.closed:
             return
         self.closed = True
-        _Cluster._users -= 1
-        if _Cluster._users <= 0:
-            _Cluster._ours = False
+        RayCluster._users -= 1
+        if RayCluster._users <= 0:
+            RayCluster._ours = False
             ray.shutdown()  # stops a local instance; only leaves a cluster joined
 
 
@@ -367,7 +371,9 @@ class _Job:
             runtime_env.setdefault("working_dir", os.getcwd())
         self.working_dir = runtime_env.get("working_dir")
         # A copy: ray.init rewrites a local working_dir to the URI it uploaded.
-        self.cluster = _Cluster(launcher.address, per_rank * self.size, dict(runtime_env) if joins else None)
+        self.cluster = RayCluster(
+            launcher.address, per_rank * self.size, dict(runtime_env) if joins else None
+        )
         try:
             if script and self.cluster.started:
                 self.cwd = os.getcwd()

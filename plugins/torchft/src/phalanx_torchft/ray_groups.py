@@ -161,12 +161,12 @@ class RayReplicaGroupsLauncher(ReplicaGroupsLauncher):
         ``SystemExit``: a node's failed status, 1 where every node was
         lost, ``128 + signal`` when this process was stopped."""
         import ray
-        from phalanx_ray.launcher import _Cluster
+        from phalanx_ray.launcher import RayCluster
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         joins = not ray.is_initialized() and bool(self.address or os.environ.get("RAY_ADDRESS"))
-        cluster = _Cluster(
+        cluster = RayCluster(
             self.address, self.num_processes * self.num_nodes, {"working_dir": os.getcwd()} if joins else None
         )
         stopped: list[int] = []

@@ -404,10 +404,8 @@ class FaultTolerant:
         the loader is as given, split by you (its batches moved to the
         device where asked)."""
         if not use_distributed_sampler:
-            from phalanx_core._data import distribute_loader
-
-            return distribute_loader(
-                self, dataloader, use_distributed_sampler=False, move_to_device=move_to_device
+            return super().setup_dataloader(  # type: ignore[misc]
+                dataloader, use_distributed_sampler=False, move_to_device=move_to_device
             )
         loader = QuorumLoader(self, dataloader, move=move_to_device)
         self.manager.register_state_dict_fn(
