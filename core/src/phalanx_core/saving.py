@@ -28,6 +28,7 @@ The rules:
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -206,25 +207,54 @@ class HostStager:
         """A copy of ``state`` in host memory (see the class)."""
         import torch
 
-        # torch's own staging helpers (those of its async checkpoint save):
-        # they copy DTensors shard by shard and pin host memory.
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
         layout = _layout(state)
         if self._buffers is None or layout != self._layout:
             on_gpu = any(device not in ("cpu", "meta") for *_, device in layout)
             pin = on_gpu and torch.cuda.is_available()
-            self._buffers = _create_cpu_state_dict(dict(state), pin_memory=pin)
+            self._buffers = {
+                where: torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
+                for where, shape, dtype, _ in layout
+            }
             self._layout = layout
-        staged = _copy_state_dict(dict(state), self._buffers, non_blocking=True, type_check=False)
+        staged = _copied(state, self._buffers, "")
         if any(device == "cuda" for *_, device in layout):
             torch.cuda.synchronize()
-        return staged
+        return dict(staged)
 
     def release(self) -> None:
         """Drop the buffers (the next :meth:`stage` makes new ones)."""
         self._buffers = None
         self._layout = None
+
+
+def _copied(value: Any, buffers: Mapping[str, Any], where: str) -> Any:
+    """``value`` with each tensor copied into its buffer (by its place, as
+    :func:`_layout` names it; without waiting for a GPU), a ``DTensor``
+    made again over its copied shard, and every other value copied."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if hasattr(value, "to_local") else value
+        buffer = buffers[where]
+        buffer.copy_(local, non_blocking=True)
+        if local is value:
+            return buffer
+        return type(value).from_local(  # type: ignore[attr-defined]
+            buffer,
+            value.device_mesh,  # type: ignore[attr-defined]
+            value.placements,  # type: ignore[attr-defined]
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
+    if isinstance(value, Mapping):
+        return {key: _copied(item, buffers, f"{where}/{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_copied(item, buffers, f"{where}/{i}") for i, item in enumerate(value)]
+        if isinstance(value, list) or type(value) is tuple:
+            return items if isinstance(value, list) else tuple(items)
+        return type(value)(*items)  # a named tuple
+    return copy.deepcopy(value)
 
 
 def _layout(state: Any, prefix: str = "") -> tuple[Any, ...]:

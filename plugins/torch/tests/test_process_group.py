@@ -17,11 +17,12 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
+from reduce_ops import premul_sum
 from torch import nn
 
 import phalanx
 from phalanx_core import MisconfigurationError, Work
-from phalanx_torch._torch_versions import premul_sum, premul_sum_factor
+from phalanx_torch._torch_versions import premul_sum_factor
 from phalanx_torch.process_group import CollectiveProcessGroup
 
 pytestmark = pytest.mark.subprocess
@@ -304,41 +305,40 @@ def test_dtensor_redistributes_through_the_collective():
 
 def as_world(strategy):
     """torch with no default group of its own (as under a collective that
-    is not torch's): the collective's group takes the default group's place."""
+    is not torch's): the collective's group takes the default group's place.
+    Its unregister ends every group torch has (destroy_process_group()), so
+    torch's own group trains first."""
     from torch.distributed import distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     rank = strategy.global_rank
-    torchs = c10d._get_default_group()
-    counting = Counting(strategy.collective.new_group([0, 1]))  # over a gloo group of its own
-    c10d._update_default_pg(None)
-    try:
-        pg = CollectiveProcessGroup(counting)
-        try:
-            pg.device_mesh("cpu")
-            refused = None
-        except ValueError as exc:  # DeviceMesh asks the default group for this rank
-            refused = str(exc)
-        pg.register(as_world=True)
-        ours = make_model()
-        mesh = pg.device_mesh("cpu")
-        for layer in [*ours[::2], ours]:
-            fully_shard(layer, mesh=mesh)
-        train(ours, rank=rank)
-        after_ours = flat_params(ours)
-        t = torch.ones(2)
-        dist.all_reduce(t)  # no group given: the default, now this one
-        pg.unregister()
-        gone = dist.is_initialized()
-    finally:
-        c10d._update_default_pg(torchs)
     theirs = make_model()
     mesh = init_device_mesh("cpu", (2,))
     for layer in [*theirs[::2], theirs]:
         fully_shard(layer, mesh=mesh)
     train(theirs, rank=rank)
-    return after_ours, flat_params(theirs), refused, t, dict(counting.calls), gone
+    after_theirs = flat_params(theirs)
+    counting = Counting(strategy.collective.new_group([0, 1]))  # over a gloo group of its own
+    c10d._update_default_pg(None)
+    pg = CollectiveProcessGroup(counting)
+    try:
+        pg.device_mesh("cpu")
+        refused = None
+    except ValueError as exc:  # DeviceMesh asks the default group for this rank
+        refused = str(exc)
+    pg.register(as_world=True)
+    ours = make_model()
+    mesh = pg.device_mesh("cpu")
+    for layer in [*ours[::2], ours]:
+        fully_shard(layer, mesh=mesh)
+    train(ours, rank=rank)
+    after_ours = flat_params(ours)
+    t = torch.ones(2)
+    dist.all_reduce(t)  # no group given: the default, now this one
+    pg.unregister()
+    gone = dist.is_initialized()
+    return after_ours, after_theirs, refused, t, dict(counting.calls), gone
 
 
 def test_the_group_can_stand_in_for_torchs_default_group():

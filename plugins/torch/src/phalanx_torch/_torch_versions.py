@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["RELEASE", "gloo_connection_lines_hidden", "premul_sum", "premul_sum_factor"]
+__all__ = ["RELEASE", "gloo_connection_lines_hidden", "premul_sum_factor"]
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -107,16 +106,6 @@ def _write(fd: int, data: bytes) -> None:
 # torch made ReduceOp.PREMUL_SUM callable and its factor readable from
 # Python in 2026: 2.13 and 2.14 have both, 2.9 and 2.11 neither (2.11 seen
 # on a GPU machine). Both are found by looking, not by release number.
-
-
-def premul_sum(factor: float) -> Any:
-    """torch's ``ReduceOp`` that multiplies each input by ``factor``, then
-    sums: ``ReduceOp.PREMUL_SUM(factor)`` where it is callable, else
-    torch's own maker of it (torch 2.9)."""
-    make = dist.ReduceOp.PREMUL_SUM
-    if callable(make):
-        return make(factor)
-    return dist._make_nccl_premul_sum(factor)
 
 
 def premul_sum_factor(op: Any) -> float | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -32,7 +33,6 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
-from torch.distributed.utils import _sync_module_states
 
 from phalanx_core import MisconfigurationError, SaveHandle
 
@@ -210,10 +210,10 @@ class FSDPStrategy(TorchGroupStrategy):
         if not on_meta:
             # Every rank starts from rank 0's weights, as under DDP (ranks
             # that seed differently would otherwise start from a mix of
-            # shards of each rank's own): DDP's own broadcast, in buckets,
+            # shards of each rank's own): a broadcast in buckets, as DDP's,
             # through the strategy's group. Meta-device models are made
             # alike on every rank by _materialise instead.
-            _sync_module_states(module, self._process_group, _BROADCAST_BUCKET, 0, ())
+            _broadcast_states(module, self._process_group, _BROADCAST_BUCKET)
         # Pre-order reversed: every submodule comes before its ancestors.
         for _, submodule in reversed(list(module.named_modules())):
             if submodule is not module and self._should_shard(submodule):
@@ -379,6 +379,26 @@ def _split_by_meta(module: nn.Module) -> tuple[list[str], list[str]]:
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         (on_meta if tensor.is_meta else elsewhere).append(name)
     return on_meta, elsewhere
+
+
+def _broadcast_states(module: nn.Module, group: Any, bucket_bytes: int) -> None:
+    """Give every rank of ``group`` the parameters and buffers of its rank
+    0: one broadcast a bucket of at most ``bucket_bytes`` (more for a
+    single larger tensor) of tensors of one dtype and device, flattened."""
+    tensors = [t.detach() for t in (*module.parameters(), *module.buffers())]
+    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    for tensor in tensors:
+        kind = buckets.setdefault((tensor.dtype, tensor.device), [[]])
+        last = kind[-1]
+        if last and sum(t.numel() for t in last) * tensor.element_size() + tensor.nbytes > bucket_bytes:
+            kind.append(last := [])
+        last.append(tensor)
+    for kind in buckets.values():
+        for bucket in kind:
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.broadcast(flat, group=group, group_src=0)
+            for tensor, part in zip(bucket, torch.split(flat, [t.numel() for t in bucket]), strict=True):
+                tensor.copy_(part.view_as(tensor))
 
 
 def _refuse_uninitialisable(module: nn.Module, strategy: str) -> None:

@@ -54,7 +54,9 @@ torch has none). Importing this module imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -63,10 +65,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
 from phalanx_core import Collective, MisconfigurationError, Work
 
+from ._torch_private import enter_group
 from ._torch_versions import premul_sum_factor
 
 __all__ = ["CollectiveProcessGroup"]
@@ -76,8 +78,25 @@ _OPS = {"SUM": "sum", "AVG": "mean", "MIN": "min", "MAX": "max", "PRODUCT": "pro
 _NAMES = itertools.count()
 #: The options of an operation that completed in the call (send, recv).
 _DONE = SimpleNamespace(asyncOp=False)
-#: torch's private registry functions, untyped.
-_c10d: Any = c10d
+#: The group a backend registered by ``register(as_world=True)`` makes
+#: (by the backend's lower-case name), while ``init_process_group`` asks.
+_MADE: dict[str, CollectiveProcessGroup] = {}
+
+
+def _made_group(store: Any, rank: int, size: int, timeout: Any) -> CollectiveProcessGroup:
+    """The maker of a backend registered by ``register(as_world=True)``:
+    the group being registered (torch's ``init_process_group`` takes a
+    ``ProcessGroup`` its maker gives as the group itself)."""
+    groups = list(_MADE.values())
+    if len(groups) != 1:
+        raise MisconfigurationError(
+            "torch asked the backend of phalanx's CollectiveProcessGroup for a new group (new_group() "
+            "or init_process_group() with it, or a group over the default group, which is phalanx's): "
+            "it makes none of its own. Give new_group a backend of torch's (backend='gloo' or "
+            "'nccl'), or make the group from the collective: "
+            "CollectiveProcessGroup(collective.new_group(ranks)).register()"
+        )
+    return groups[0]
 
 
 #: A started contract operation: what completes it, and its handle.
@@ -326,35 +345,49 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         rank, and code that passes no group then talks through this one.
         """
         if as_world:
-            if dist.is_initialized() and _c10d._get_default_group() is not self:
+            if dist.is_initialized() and dist.group.WORLD is not self:
                 raise MisconfigurationError(
                     f"{self!r}.register(as_world=True): torch already has a default process group "
-                    f"({_c10d._get_default_group()!r}); use it, or register this one without as_world"
+                    f"({dist.group.WORLD!r}); use it, or register this one without as_world"
                 )
             if self._collective.global_ranks != tuple(range(self._collective.world_size)):
                 raise MisconfigurationError(
                     f"{self!r}.register(as_world=True): the world group must hold every rank in "
                     f"order; this collective's ranks are {list(self._collective.global_ranks)}"
                 )
+            if not dist.is_initialized():
+                self._take_worlds_place()
         if not self._registered:
             ranks = {world: mine for mine, world in enumerate(self._collective.global_ranks)}
-            store = _c10d._get_default_store() if dist.is_initialized() else dist.HashStore()  # type: ignore[attr-defined]
-            backend = self.getBackendName()
-            register = getattr(c10d, "_register_pg_in_world", None)
-            if register is not None:  # torch 2.13 on
-                register(self, backend, store, self._group_name, backend, rank_mapping=ranks)
-            else:
-                _c10d._world.pg_map[self] = (backend, store)
-                _c10d._world.pg_names[self] = self._group_name
-                _c10d._world.pg_backend_config[self] = backend
-                _c10d._world.pg_group_ranks[self] = ranks
-                _c10d._world.tags_to_pg.setdefault(f"ptd:{self._group_name}", []).append(self)
-                _c10d._world.pg_to_tag[self] = f"ptd:{self._group_name}"
-                _c10d._register_process_group(self._group_name, self)
+            enter_group(self, self.getBackendName(), dist.HashStore(), self._group_name, ranks)  # type: ignore[attr-defined]
             self._registered = True
-        if as_world:
-            _c10d._update_default_pg(self)
         return self
+
+    def _take_worlds_place(self) -> None:
+        """Make this group torch's default one, by torch's public route: a
+        backend registered under this group's backend name whose maker
+        gives this group, and ``init_process_group`` with it (which names
+        the group as torch names its default one, and registers it)."""
+        if os.environ.get("TORCH_DIST_INIT_BARRIER") == "1":
+            raise MisconfigurationError(
+                f"{self!r}.register(as_world=True): TORCH_DIST_INIT_BARRIER=1 makes "
+                "init_process_group wait for every rank in a store, and this group has none that the "
+                "ranks share (its collective carries everything); unset it"
+            )
+        backend = self.getBackendName()
+        _MADE[backend.lower()] = self
+        if backend.lower() not in dist.Backend.backend_list:
+            dist.Backend.register_backend(backend, _made_group, devices=["cpu", "cuda"])
+        try:
+            dist.init_process_group(
+                backend,
+                store=dist.HashStore(),  # type: ignore[attr-defined]
+                rank=self._collective.rank,
+                world_size=self._collective.world_size,
+            )
+        finally:
+            _MADE.pop(backend.lower(), None)
+        self._registered = True
 
     def device_mesh(self, device_type: str) -> Any:
         """A one-dimensional ``DeviceMesh`` over this group (registered
@@ -371,21 +404,19 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         return DeviceMesh.from_group(self, device_type, mesh_dim_names=(self._group_name,))
 
     def unregister(self) -> None:
-        """Take this group out of torch's registry (and out of the default
-        group's place, if it held it) and stop its thread."""
+        """Take this group out of torch's registry and stop its thread:
+        ``dist.destroy_process_group(group)``; for a group in the default
+        group's place, ``dist.destroy_process_group()``, which ends every
+        group torch has (as it does over torch's own default group)."""
         self._completer.close()
         if not self._registered:
             return
-        world = _c10d._world
-        for table in (world.pg_map, world.pg_names, world.pg_backend_config, world.pg_group_ranks):
-            table.pop(self, None)
-        tag = world.pg_to_tag.pop(self, None)
-        if tag is not None and self in world.tags_to_pg.get(tag, []):
-            world.tags_to_pg[tag].remove(self)
-        _c10d._unregister_process_group(self._group_name)
-        if world.default_pg is self:
-            _c10d._update_default_pg(None)
         self._registered = False
+        if dist.is_initialized() and dist.group.WORLD is self:
+            dist.destroy_process_group()
+            return
+        with contextlib.suppress(ValueError):  # gone already: the world's end ended it
+            dist.destroy_process_group(self)
 
     def shutdown(self) -> None:
         """Stop the group's thread (``destroy_process_group(group)`` calls

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
@@ -23,9 +22,6 @@ from .checkpoint_io import TorchDistributedCheckpointIO
 from .collectives import TorchCollective
 
 __all__ = ["DDPStrategy", "ManualStrategy", "SingleDeviceStrategy", "TorchGroupStrategy"]
-
-#: torch's registry of groups, untyped (``_get_default_group`` is private).
-c10d: Any = distributed_c10d
 
 
 class SingleDeviceStrategy(Strategy):
@@ -75,7 +71,7 @@ class TorchGroupStrategy(Strategy):
         super().setup_environment()
         if _is_torchs_own(self.collective):
             own: Any = self.collective
-            self._process_group = own.process_group or c10d._get_default_group()
+            self._process_group = own.process_group or dist.group.WORLD
         else:
             from .process_group import CollectiveProcessGroup
 
@@ -102,7 +98,7 @@ class TorchGroupStrategy(Strategy):
         kind = device_type or torch.device(self.root_device).type
         if self._adapter is not None:
             return self._adapter.device_mesh(kind)
-        if self._process_group is c10d._get_default_group():
+        if self._process_group is dist.group.WORLD:
             return init_device_mesh(kind, (self.world_size,))
         return DeviceMesh.from_group(self._process_group, kind)
 

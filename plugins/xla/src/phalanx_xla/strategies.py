@@ -88,7 +88,6 @@ class XLAStrategy(Strategy):
             self._average_gradients()
 
     def _average_gradients(self) -> None:
-        import torch
         import torch_xla.core.xla_model as xm
 
         grads = [p.grad for module in self._synced_modules for p in module.parameters() if p.grad is not None]
@@ -101,7 +100,8 @@ class XLAStrategy(Strategy):
             _runtime.sync()
         xm.all_reduce(xm.REDUCE_SUM, grads, pin_layout=_runtime.pin_layout())
         _runtime.collective_issued()
-        torch._foreach_div_(grads, self.world_size)
+        for grad in grads:  # lazy tensors: one graph either way
+            grad.div_(self.world_size)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: Any, enabled: bool = True) -> Generator[None, None, None]:

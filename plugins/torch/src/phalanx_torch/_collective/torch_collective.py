@@ -139,6 +139,7 @@ class TorchCollective(Collective):
                     "group with the job's world size, or let phalanx make it"
                 )
             self._owns = False
+            self._store_address = _adopted_store_address()
         else:
             backend = check_backend(
                 self._backend_flag or (accelerator.collective_backend if accelerator else None) or "gloo"
@@ -186,11 +187,11 @@ class TorchCollective(Collective):
             except RuntimeError as exc:
                 raise self._translate(exc, "setup") from exc
             self._owns = True
+            self._store_address = tcp_address(store)
             if os.environ.get(LINES_PREFIXED_VAR):
                 # init_process_group prefixes tracebacks with "[rankN]: "; the
                 # runner (phalanx run) already prefixes every line.
                 sys.excepthook = hook
-        self._store_address = tcp_address(dist.distributed_c10d._get_default_store())
         self._backend = str(dist.get_backend())
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()
@@ -693,6 +694,17 @@ _REDUCE_OPS = {
 #: of a job start seconds apart on a loaded machine, and the collective's
 #: ``timeout`` bounds its operations, not the start of the processes.
 ARRIVAL_WAIT = 120.0
+
+
+def _adopted_store_address() -> tuple[str, int] | None:
+    """Where the store of a group made before phalanx's setup is, by the
+    env:// convention (torchrun's, and ``init_process_group``'s default):
+    ``MASTER_ADDR`` and ``MASTER_PORT``; None without them (a group made
+    over a store of the user's own: no hang board)."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not address or not port or not port.isdigit():
+        return None
+    return address, int(port)
 
 
 def _await_arrivals(
