@@ -245,10 +245,9 @@ def drop_cached(path: str | os.PathLike[str]) -> None:
     """Drop the pages of the file at ``path`` (a checkpoint written and
     fsynced before) from the page cache, before a save that replaces it
     writes as much again: the old file stays whole on disk, and the new
-    one is written into the pages it gave back. Writing a 1 GB checkpoint
-    while the one it replaces still filled the page cache took 2.5 s
-    instead of 0.35 s in about half the saves on a test machine
-    (``bench/checkpoint.py``); ``torch.save`` into the same file reuses its
+    one is written into the pages it gave back, rather than waiting for the
+    kernel to write the old ones back (``bench/checkpoint.py``; its figures
+    in bench/README.md); ``torch.save`` into the same file reuses its
     pages through the truncation. Nothing where there is no such file, or
     no ``posix_fadvise`` (Windows, macOS)."""
     advise = getattr(os, "posix_fadvise", None)

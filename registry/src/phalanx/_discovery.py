@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -14,6 +15,8 @@ __all__ = [
     "EntryPoint",
     "PluginRecord",
     "Provider",
+    "debug_logging",
+    "debugging",
     "entry_points",
     "normalize",
     "plugin_filters",
@@ -24,6 +27,41 @@ GROUP = "phalanx.plugins"
 ALLOW_VAR = "PHALANX_PLUGINS"
 DENY_VAR = "PHALANX_DISABLE_PLUGINS"
 DEBUG_VAR = "PHALANX_DEBUG"
+
+
+def debugging() -> bool:
+    """Whether ``PHALANX_DEBUG`` asks for tracing (set, and not empty or ``0``)."""
+    return os.environ.get(DEBUG_VAR, "").strip() not in ("", "0")
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to whatever ``sys.stderr`` is when it writes."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+_HANDLER = _Stderr()
+_HANDLER.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+
+def debug_logging(packages: Iterable[str]) -> None:
+    """With ``PHALANX_DEBUG``, the tracing of ``packages`` (each module of
+    phalanx's logs through ``logging.getLogger(__name__)``): their loggers
+    at DEBUG, written to stderr as ``module: message`` (and to whatever
+    handlers the program gave the root logger). Without it, nothing."""
+    if not debugging():
+        return
+    for name in packages:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        if _HANDLER not in logger.handlers:
+            logger.addHandler(_HANDLER)
 
 
 def normalize(name: str) -> str:

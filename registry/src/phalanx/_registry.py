@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,10 +16,11 @@ from phalanx_core.specs import SPEC_TYPES, Kind, Spec
 
 from ._discovery import (
     ALLOW_VAR,
-    DEBUG_VAR,
     DENY_VAR,
     PluginRecord,
     Provider,
+    debug_logging,
+    debugging,
     normalize,
     plugin_filters,
     select_entry_points,
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from phalanx_core.accelerator import DevicesFlag
 
 __all__ = ["Entry", "Registry"]
+
+logger = logging.getLogger(__name__)
 
 
 class Registry:
@@ -50,8 +52,9 @@ class Registry:
     def __init__(self, plugins: Iterable[Any] = (), *, autoload: bool = True) -> None:
         self._pm = pluggy.PluginManager(PROJECT)
         self._pm.add_hookspecs(hookspecs)
-        if os.environ.get(DEBUG_VAR, "").strip() not in ("", "0"):
-            self._pm.trace.root.setwriter(sys.stderr.write)
+        debug_logging(("phalanx", "phalanx_core"))
+        if debugging():
+            self._pm.trace.root.setwriter(lambda text: logger.debug(text.rstrip("\n")))
             self._pm.enable_tracing()
         self._trace = self._pm.trace.root.get("phalanx")
         self._all: dict[Kind, list[Entry]] = {kind: [] for kind in Kind}
@@ -92,6 +95,7 @@ class Registry:
             finally:
                 record.import_seconds = time.perf_counter() - started
             self._add(module, record)
+            debug_logging([ep.value.split(":")[0].split(".")[0]])
         installed = ", ".join(str(p.provider) for p in self.plugins) or "none"
         for var, names in ((ALLOW_VAR, allow or set()), (DENY_VAR, deny)):
             for name in sorted(names - seen):

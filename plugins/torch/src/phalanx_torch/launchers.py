@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from phalanx_core import ClusterEnvironment
 
-from ._launch.elastic import SubprocessLauncher, _variables
+from ._launch.elastic import SubprocessLauncher
 from ._launch.listen import one_thread
 from ._launch.ranks import (
     _LAUNCHES,
@@ -204,10 +204,9 @@ class MultiprocessingLauncher(Launcher):
         They are marked as this launcher's (``PHALANX_LAUNCH_RERUN_BY``), so that
         a script naming it (``launcher="spawn"``, then ``launch()``) sets
         up in them, where under torchrun it would be refused."""
-        with _variables({RERUN_VAR: "1"}):
-            SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(
-                command
-            )
+        SubprocessLauncher(environment=self.environment, num_processes=self.num_processes).run_script(
+            command, variables={RERUN_VAR: "1"}
+        )
 
     @classmethod
     def runs_in_existing_processes(cls, environment: type[ClusterEnvironment]) -> bool:

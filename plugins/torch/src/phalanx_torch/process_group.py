@@ -256,7 +256,7 @@ class _Completer:
         for it (at most ``wait`` seconds): a thread still completing a
         future while the interpreter finalizes is ended by Python inside
         torch's code, which aborts the process (SIGABRT after the work was
-        done; seen under mpirun, 4 runs of 30 under load)."""
+        done)."""
         with self._lock:
             thread, self._thread = self._thread, None
             if thread is not None:
@@ -284,11 +284,10 @@ class CollectiveProcessGroup(dist.ProcessGroup):
             its buckets are reduced (``True``), or each operation completes
             in the call that started it (``False``, the default). The
             waiting thread polls the handles (MPI progresses only while
-            asked), so it takes a core from the computation: on 2 CPU ranks
-            sharing 2 cores, DDP over mpi ran 1.1 to 1.36 times plain DDP
-            over gloo with the thread and 1.49 to 1.54 without it, DDP over
-            horovod 1.05 against 1.13 to 1.16 (``bench/train_step.py
-            --collective``). Give ``True`` where a core is free for it.
+            asked), so it takes a core from the computation, and gives back
+            more where one is free for it (``bench/train_step.py
+            --collective``; its figures in bench/README.md). Give ``True``
+            where a core is free for it.
             Handles that notify (the torch collective's) overlap either way.
     """
 

@@ -36,9 +36,8 @@ class HSDPFTStrategy(FaultTolerant, FSDPStrategy):
     #: A step waits for its quorum before its forward pass: a healing
     #: peer's copy of the shards is read from FSDP's ``state_dict()`` in
     #: TorchFT's quorum thread, which in the middle of a forward or backward
-    #: pass changes FSDP's state under it (seen here: the two ranks of a
-    #: group then waited in different collectives, an all-gather and a
-    #: reduce-scatter, for good).
+    #: pass changes FSDP's state under it (the ranks of a group can then
+    #: wait in different collectives for good).
     compute_during_quorum: ClassVar[bool] = False
     traffic: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
 

@@ -39,6 +39,7 @@ this launcher's to restart.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -78,6 +79,8 @@ from ._variables import (
 )
 
 __all__ = ["ReplicaGroupsLauncher"]
+
+logger = logging.getLogger(__name__)
 
 
 class ReplicaGroupsLauncher(SubprocessLauncher):
@@ -796,6 +799,9 @@ class _Group:
             str(span),
             str(launcher.part),
         ]
+        logger.debug(
+            "replica group %d: start %d, main %s", self.index, restarts + 1, job.get("MASTER_ADDR", "-")
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-m", "phalanx_torchft._group", *settings, "--", *self.command],
             env=env,

@@ -184,8 +184,7 @@ class Windowed(FaultTolerant):
         synced only at a window's end could otherwise train a window from
         its own start with the groups that came first, while the others
         made a start of their own at the same step of TorchFT's (two
-        models, neither healed from the other; seen when one group started
-        a second before the others). The groups at their setup wait for one
+        models, neither healed from the other). The groups at their setup wait for one
         another up to the group's first wait (60 s), then go on if a
         majority is there; fewer after ``quorum_timeout`` more is
         :class:`NoQuorumError`. A group that joins a job that has trained

@@ -355,16 +355,18 @@ class SubprocessLauncher(Launcher):
         ranks, _ = self._this_node()
         return all((folder / f"{rank}.pkl").exists() for rank in ranks)
 
-    def run_script(self, command: Sequence[str]) -> None:
+    def run_script(self, command: Sequence[str], *, variables: Mapping[str, str] | None = None) -> None:
         """Run ``python *command`` as every rank's program under torch
         elastic, each output line prefixed with the rank (``[rank1]: ...``),
         as ``phalanx run`` does; raise :class:`~phalanx_core.WorkerFailedError`
-        for the rank that failed first."""
+        for the rank that failed first. ``variables``: more for every
+        rank's environment (a launcher that runs its script through this one
+        marks its ranks so)."""
         # Elastic's process layer logs each stop, signal and failure; phalanx run
         # says what failed once, from the WorkerFailedError.
         with _quiet("torch.distributed.elastic"), tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
-            variables = {LINES_PREFIXED_VAR: "1", _LAUNCHER_PID_VAR: str(os.getpid())}
-            self._run_elastic([*_RANK_PROGRAM, *command], variables, Path(tmp, "logs"), prefix_lines=True)
+            given = {**(variables or {}), LINES_PREFIXED_VAR: "1", _LAUNCHER_PID_VAR: str(os.getpid())}
+            self._run_elastic([*_RANK_PROGRAM, *command], given, Path(tmp, "logs"), prefix_lines=True)
 
     def _run_elastic(
         self, command: list[str], variables: dict[str, str], logs: Path, *, prefix_lines: bool = False
@@ -440,8 +442,10 @@ class SubprocessLauncher(Launcher):
             ledger=ledger,
             several_nodes=self.num_nodes > 1,
             heartbeat=heartbeat if self.elastic else None,
+            variables=variables,
+            results=Path(variables[RESULTS_DIR_VAR]) if RESULTS_DIR_VAR in variables else None,
         )
-        with ledger, _variables(variables), signal_handlers_kept(), watch:  # the ledger left last
+        with ledger, signal_handlers_kept(), watch:  # the ledger left last
             try:
                 try:
                     loop.run()
@@ -531,7 +535,7 @@ class SubprocessLauncher(Launcher):
         place, timeout = self._place(), self.rendezvous_timeout
         return lambda: job_store(place, host=None, timeout=timeout)
 
-    def _store_silent(self, who: str, heartbeat: Any, seconds: float) -> None:
+    def _store_silent(self, who: str, heartbeat: Heartbeat, seconds: float) -> None:
         """Node 0's store has not answered the heartbeat for ``seconds``:
         node 0 is lost without a word, and every request to its store waits
         for TCP to give up (a quarter of an hour), the rank loop's among
@@ -539,7 +543,8 @@ class SubprocessLauncher(Launcher):
         else can end the loop's wait."""
         error = self._node_zero_lost(TimeoutError(f"no answer for {seconds:.0f} s"))
         with contextlib.suppress(Exception):  # stopping what can be stopped; the exit follows
-            heartbeat.loop.kill_ranks()
+            if heartbeat.loop is not None:
+                heartbeat.loop.kill_ranks()
         say(who, str(error))
         sys.stdout.flush()
         os._exit(1)
@@ -740,23 +745,6 @@ def _interpreter_options(target_length: int) -> list[str]:
     if target_length == 2 and head[-2:-1] != ["-m"]:
         return []
     return head[:-target_length]
-
-
-@contextlib.contextmanager
-def _variables(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables (which the ranks inherit) for a launch;
-    restore them, and the one elastic sets, afterwards."""
-    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE", "NODE_RANK"]  # set for the ranks, restored after
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextlib.contextmanager

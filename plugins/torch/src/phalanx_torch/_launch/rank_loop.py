@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import itertools
+import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,10 @@ from .._nodes import job_keys
 from .._nodes.heartbeat import Heartbeat
 from .._nodes.ledger import JobLedger, StopRequested
 from .failures import lost_words, say, say_restart
-from .ranks import RESULTS_DIR_VAR
 
 __all__ = ["SIGNALS", "RankLoop", "end_what_they_left", "rank_env", "signals_variable"]
+
+logger = logging.getLogger(__name__)
 
 #: The signals that stop the ranks and end the launching process (elastic's
 #: process layer installs a handler for each as it starts the ranks, which
@@ -57,6 +60,17 @@ def signals_variable() -> dict[str, str]:
     if "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)}:
         return {"TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS}
     return {}
+
+
+class Verdict(enum.Enum):
+    """How a round of this node's ranks ended (:meth:`RankLoop._watch`)."""
+
+    #: Every rank ended well: the node passes the exit barrier, the loop ends.
+    ENDED = "ended"
+    #: A failure, said and counted: every rank starts again in a new round.
+    RESTART = "restart"
+    #: Nodes ask to join: the ranks stop for a new round (not counted).
+    JOINED = "joined"
 
 
 #: The name the ranks' role goes by (``ROLE_NAME``), as elastic's agent names it.
@@ -176,8 +190,15 @@ class RankLoop:
         ledger: JobLedger,
         several_nodes: bool,
         heartbeat: Heartbeat | None = None,
+        variables: Mapping[str, str] | None = None,
+        results: Path | None = None,
     ) -> None:
         self.make_handler = make_handler
+        #: What every rank's environment has besides its own rank's
+        #: variables (over this process's, which the ranks inherit).
+        self.variables = dict(variables or {})
+        #: Where the ranks of a launch leave their results (None: a script's run).
+        self.results = results
         self.command = tuple(command)
         self.num_processes = num_processes
         self.max_restarts = max_restarts
@@ -214,7 +235,8 @@ class RankLoop:
                     raise StopRequested
                 self._start(info)
                 verdict = self._watch()
-                if verdict is None:  # every rank ended well
+                logger.debug("the ranks of node %d, round's end: %s", self.group_rank, verdict.value)
+                if verdict is Verdict.ENDED:
                     self._exit_barrier(info)
                     return
                 self._close(signal.SIGTERM)
@@ -252,9 +274,8 @@ class RankLoop:
                 self.heartbeat.loop = self  # whose ranks to stop if the store goes silent
                 self.heartbeat.start_round(rounds.round, self.group_rank, self.group_world_size)
             self.ledger.round_met(self.group_rank, self.group_world_size)
-            results = os.environ.get(RESULTS_DIR_VAR)
-            if results:  # what ranks of a round before left is not this round's
-                for stale in Path(results).glob("*.pkl"):
+            if self.results is not None:  # what ranks of a round before left is not this round's
+                for stale in self.results.glob("*.pkl"):
                     stale.unlink(missing_ok=True)
         return info
 
@@ -266,7 +287,7 @@ class RankLoop:
         envs = {}
         prefixes: dict[int, str] | None = {} if self.prefix_lines else None
         for local in range(self.num_processes):
-            env = rank_env(
+            env = self.variables | rank_env(
                 local_rank=local,
                 num_processes=self.num_processes,
                 group_rank=self.group_rank,
@@ -296,9 +317,9 @@ class RankLoop:
         with self._lock:
             self.processes = processes
 
-    def _watch(self) -> Any:
-        """Watch the ranks until the round ends: ``None`` when every rank
-        ended well; else the next round is to be met (a restart, said and
+    def _watch(self) -> Verdict:
+        """Watch the ranks until the round ends: how (every rank ended
+        well; else the next round is to be met: a restart, said and
         counted, or nodes joining); raises when the restarts are spent."""
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -312,7 +333,7 @@ class RankLoop:
             result = processes.wait(0)
             lost = self.heartbeat.lost if self.heartbeat is not None and result is None else None
             if result is not None and not result.is_failed():
-                return None
+                return Verdict.ENDED
             if result is not None:
                 for local, count in end_what_they_left(result.failures).items():
                     say(
@@ -353,7 +374,7 @@ class RankLoop:
         first, world = bytes(store.get(job_keys.first_rank(self.group_rank))).decode().split()
         return int(first), int(world)
 
-    def _after_failure(self, failed: Any, lost: tuple[int, str] | None) -> str:
+    def _after_failure(self, failed: Any, lost: tuple[int, str] | None) -> Verdict:
         """This node's ranks failed (``failed``: elastic's error, every
         failed rank of it), or the heartbeat found node ``lost`` silent
         while they ran (they wait for it in a collective; ``failed`` is
@@ -369,7 +390,7 @@ class RankLoop:
             # ranks for a new round, and ours lost their peers. A change
             # of members, not a failure (not counted).
             self._say_join()
-            return "joined"
+            return Verdict.JOINED
         else:
             restart = int(rounds.count_failure())  # the job's count, this round's failure included
         if restart > self.max_restarts:
@@ -390,9 +411,9 @@ class RankLoop:
         else:
             node = self.group_rank if self.several_nodes else None
             say_restart(self.who, failed, restart, self.max_restarts, node)
-        return "restart"
+        return Verdict.RESTART
 
-    def _joined_or_failed_elsewhere(self) -> str:
+    def _joined_or_failed_elsewhere(self) -> Verdict:
         """Our ranks run, and a node waits to join: another node whose
         ranks failed counted the failure before it joined (then ours lost
         their peer and were slower to end than that node was to count and
@@ -405,9 +426,9 @@ class RankLoop:
                 "a rank on another node failed (that node's output says which); every rank is "
                 f"stopped and started again (restart {restart} of {self.max_restarts})",
             )
-            return "restart"
+            return Verdict.RESTART
         self._say_join()
-        return "joined"
+        return Verdict.JOINED
 
     def _say_join(self) -> None:
         waiting = int(self.handler.num_nodes_waiting())

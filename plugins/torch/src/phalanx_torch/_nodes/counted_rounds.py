@@ -8,10 +8,9 @@ Elastic's dynamic rendezvous keeps every node of a round, and its
 heartbeat, in one pickled blob that each node rewrites with a
 compare-and-set every keep-alive interval. Its writes collide more the more
 nodes there are (``N / keep_alive x window``, the window growing with the
-blob): bench/rendezvous_scale.py measured 97 % failed writes and no round
-formed at 256 simulated nodes, and by its model a keep-alive of 54 s is
-needed at 4,096 nodes, which puts a restart after a lost node above four
-minutes. Here every request is a small one, and a node makes a fixed number
+blob), until no round forms or the keep-alive that lets one form puts a
+restart after a lost node at minutes (``bench/rendezvous_scale.py``; its
+figures in bench/README.md). Here every request is a small one, and a node makes a fixed number
 of them per round, whatever the number of nodes:
 
 - a node joins round ``r`` with ``add("r/joined", 1)``; the number it gets
@@ -62,6 +61,7 @@ rendezvous is made.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -72,6 +72,8 @@ from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused
 from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between a waiting node's looks at whether the job was closed.
 JOB_CLOSED_EVERY = 1.0
@@ -227,6 +229,7 @@ class CountedRounds:
         # Under the giver's place: a node that is not the job's and gave
         # ranks of its own (it took place 1) meets no node of the job's.
         round_store = dist.PrefixStore(job_keys.round_store(round_, giver), store)  # type: ignore[attr-defined]
+        logger.debug("round %d met: node %d of %d (ranks given by place %d)", round_, rank, world_size, giver)
         return round_store, rank, world_size, self.address
 
     def _giver(self, round_: int, place: int) -> int:

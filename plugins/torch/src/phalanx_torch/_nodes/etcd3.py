@@ -381,8 +381,7 @@ class Etcd3:
         deleted). With a revision it is the count as the store was at that
         revision, one small read; etcd's ``count`` ignores the
         ``max_create_revision`` filter, and reading the keys themselves
-        made a round of N nodes read N * N / 2 keys (4,096 simulated nodes:
-        295 s to join, bench/README.md). Where the store has compacted that
+        makes a round of N nodes read N * N / 2 keys (bench/README.md). Where the store has compacted that
         revision away, the keys made by then are read (not their values)."""
         body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(_after(prefix))}
         if created_by is None:
@@ -537,8 +536,8 @@ def _store_class() -> type:
             entrant writes a key of its own under ``key``, and its place is
             the number of those made at its key's revision or before (etcd
             numbers its writes). ``add``'s compare-and-swaps, all on one
-            key, lose to each other: 1,024 nodes joining at once took 299 s
-            and 592 requests a node (bench/README.md)."""
+            key, lose to each other, more the more nodes join at once
+            (bench/README.md)."""
             mine = self._key(f"{key}/entrant/{uuid.uuid4().hex}")
             self.client.put(mine, b"1")  # sent again where its answer was lost: the same key
             (record,), _ = self.client.read([mine])

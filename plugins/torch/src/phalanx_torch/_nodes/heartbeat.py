@@ -24,6 +24,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -31,6 +32,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import job_keys
+from .ledger import RanksStopper
+
+logger = logging.getLogger(__name__)
+
 
 #: Seconds without a beat of the watched node after which it is lost.
 LOST_AFTER = 15.0
@@ -73,7 +78,7 @@ class Heartbeat:
         #: silent; else only :attr:`lost` says so (the rank loop reads it).
         self.on_lost = on_lost
         #: This node's rank loop (``_launch.rank_loop.RankLoop``), once a round has started.
-        self.loop: Any = None
+        self.loop: RanksStopper | None = None
         self._asking_since: float | None = None
         #: The watched node and its host, once it is lost: (node rank, host).
         self.lost: tuple[int, str] | None = None
@@ -163,6 +168,7 @@ class Heartbeat:
                 found = self._round == here
                 if found:
                     self.lost = (other, host)
+                    logger.debug("node %d (host %s) silent for %.1f s: lost", other, host, now - since)
             if found and self.on_lost is not None:
                 self.on_lost(other, host, now - since)
             since = now  # said once a lost_after

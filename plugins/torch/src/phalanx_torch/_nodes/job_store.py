@@ -8,6 +8,7 @@ no torch at import time."""
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
 from phalanx_core import UnavailableError
@@ -16,6 +17,8 @@ from phalanx_core.launching import hosted_store
 from .rendezvous_place import ETCD_PASSWORD_VAR, RendezvousPlace
 
 __all__ = ["allow_connections", "job_store"]
+
+logger = logging.getLogger(__name__)
 
 
 def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
@@ -28,9 +31,13 @@ def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> An
         from . import etcd3
 
         _check_etcd(place, timeout)
+        logger.debug("a client of the job's keys in %s", place.describe())
         return etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
+    logger.debug(
+        "%s node 0's store at %s:%d", "hosting" if host is not None else "a client of", address, port
+    )
     if host is not None:
         return hosted_store(host, port, timeout=wait)
     return dist.TCPStore(address, port, is_master=False, timeout=wait)  # type: ignore[attr-defined]

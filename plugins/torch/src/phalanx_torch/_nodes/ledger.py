@@ -8,11 +8,40 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .job_secret import JobSecret
 
-__all__ = ["JobLedger", "StopRequested"]
+__all__ = ["JobLedger", "JobRounds", "RanksStopper", "StopRequested"]
+
+
+class JobRounds(Protocol):
+    """What the rank loop asks of the rounds of a job that meets in rounds
+    (``rounds.RoundRendezvous``, the handler that says so in the ledger)."""
+
+    #: The round this node met last (-1: none yet).
+    round: int
+
+    def restarts(self) -> int:
+        """The job's restarts so far."""
+
+    def count_failure(self) -> int:
+        """Count this round's failure for the job (once, whichever node
+        sees it first); the job's restarts with it."""
+
+    def failed(self) -> bool:
+        """Whether a node counted this round's failure."""
+
+    def nodes_waiting_now(self) -> int:
+        """The nodes waiting for the next round, proven (read now)."""
+
+
+class RanksStopper(Protocol):
+    """What the heartbeat asks of a node's rank loop when the job's store
+    goes silent (``_launch.rank_loop.RankLoop``)."""
+
+    def kill_ranks(self) -> None:
+        """Kill this node's ranks at once (from any thread)."""
 
 
 class StopRequested(Exception):
@@ -42,7 +71,7 @@ class JobLedger:
     def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.say = say
         #: The rounds' handler (``rounds.RoundRendezvous``), or ``None``.
-        self.rounds: Any = None
+        self.rounds: JobRounds | None = None
         self._met = threading.Event()
         self._rounds: list[tuple[int, int]] = []
         self._kept: list[Any] = []

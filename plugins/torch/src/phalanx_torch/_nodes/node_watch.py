@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import os
 import socket
 import threading
@@ -24,6 +25,9 @@ from .ledger import JobLedger
 
 if TYPE_CHECKING:
     from .heartbeat import Heartbeat
+
+logger = logging.getLogger(__name__)
+
 
 #: What a node posts, in place of a failure, to wake its own watch as its
 #: launch ends: well (every node's watch leaves), or otherwise (the others
@@ -211,6 +215,7 @@ class NodeWatch:
         index = int(store.add(f"{kind}s", 1))
         body = f"{self.me} {text}"
         store.set(f"{kind}/{index}", f"{self.ledger.secret.sign(kind, index, body)} {body}")
+        logger.debug("posted %s %d: %s", kind, index, body[:200])
 
     def _open(self, kind: str, index: int, value: str) -> tuple[str, str] | None:
         """``(who, text)`` of post ``kind``/``index``; ``None``, said once,
