@@ -752,11 +752,11 @@ class Strategy(CollectiveCalls):
     def restart_count(self) -> int:
         """How many times the job's ranks were started again after a failure
         (``max_restarts``): 0 on the first start. Read from the launcher's
-        rank variables (``PHALANX_LAUNCH_RESTART_COUNT``, or torch elastic's
-        ``TORCHELASTIC_RESTART_COUNT``)."""
+        rank variables (``TORCHELASTIC_RESTART_COUNT``, as torchrun's ranks
+        have it)."""
         from .launching import RESTART_COUNT_VAR
 
-        raw = os.environ.get(RESTART_COUNT_VAR) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        raw = os.environ.get(RESTART_COUNT_VAR, "0")
         return int(raw) if raw.isdigit() else 0
 
     def resume(

@@ -90,9 +90,10 @@ PARENT_PID_VAR = "PHALANX_LAUNCH_PARENT_PID"
 LINES_PREFIXED_VAR = "PHALANX_LINES_PREFIXED"
 
 #: How many times a launcher started the job's ranks again after a failure
-#: (``strategy.restart_count`` reads it; torch elastic's ranks have
-#: ``TORCHELASTIC_RESTART_COUNT`` instead).
-RESTART_COUNT_VAR = "PHALANX_LAUNCH_RESTART_COUNT"
+#: (``strategy.restart_count`` reads it): torchrun's name, which every
+#: launcher of phalanx's gives its ranks too, so that a script reads one
+#: variable whoever started it.
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 
 
 def carried_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:

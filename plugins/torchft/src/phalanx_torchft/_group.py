@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from phalanx_core import WorkerFailedError
-from phalanx_core.launching import die_with_parent, exit_process
+from phalanx_core.launching import RESTART_COUNT_VAR, die_with_parent, exit_process
 
 from ._variables import GROUP_FAILURE_FILE_VAR
 
@@ -53,7 +53,8 @@ def main(argv: list[str]) -> int:
         **({"listen_on": address} if int(nodes) == 1 else {"host_lost_after": HOST_LOST_AFTER}),
     )
     try:
-        launcher.run_script(command)
+        # The group's restarts, which its launcher counts (each start runs this process again).
+        launcher.run_script(command, restarts_before=int(os.environ.get(RESTART_COUNT_VAR, "0")))
     except WorkerFailedError as exc:
         sys.stderr.write(f"phalanx run: {exc.first_failure()}. The group's other ranks were stopped.\n")
         failure = os.environ.get(GROUP_FAILURE_FILE_VAR)

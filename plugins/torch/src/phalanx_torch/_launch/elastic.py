@@ -355,21 +355,37 @@ class SubprocessLauncher(Launcher):
         ranks, _ = self._this_node()
         return all((folder / f"{rank}.pkl").exists() for rank in ranks)
 
-    def run_script(self, command: Sequence[str], *, variables: Mapping[str, str] | None = None) -> None:
+    def run_script(
+        self, command: Sequence[str], *, variables: Mapping[str, str] | None = None, restarts_before: int = 0
+    ) -> None:
         """Run ``python *command`` as every rank's program under torch
         elastic, each output line prefixed with the rank (``[rank1]: ...``),
         as ``phalanx run`` does; raise :class:`~phalanx_core.WorkerFailedError`
         for the rank that failed first. ``variables``: more for every
         rank's environment (a launcher that runs its script through this one
-        marks its ranks so)."""
+        marks its ranks so); ``restarts_before``: the job's restarts before
+        this run (a launcher that restarts it by running it again), which
+        the ranks' restart count starts from."""
         # Elastic's process layer logs each stop, signal and failure; phalanx run
         # says what failed once, from the WorkerFailedError.
         with _quiet("torch.distributed.elastic"), tempfile.TemporaryDirectory(prefix="phalanx-run-") as tmp:
             given = {**(variables or {}), LINES_PREFIXED_VAR: "1", _LAUNCHER_PID_VAR: str(os.getpid())}
-            self._run_elastic([*_RANK_PROGRAM, *command], given, Path(tmp, "logs"), prefix_lines=True)
+            self._run_elastic(
+                [*_RANK_PROGRAM, *command],
+                given,
+                Path(tmp, "logs"),
+                prefix_lines=True,
+                restarts_before=restarts_before,
+            )
 
     def _run_elastic(
-        self, command: list[str], variables: dict[str, str], logs: Path, *, prefix_lines: bool = False
+        self,
+        command: list[str],
+        variables: dict[str, str],
+        logs: Path,
+        *,
+        prefix_lines: bool = False,
+        restarts_before: int = 0,
     ) -> None:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -444,6 +460,7 @@ class SubprocessLauncher(Launcher):
             heartbeat=heartbeat if self.elastic else None,
             variables=variables,
             results=Path(variables[RESULTS_DIR_VAR]) if RESULTS_DIR_VAR in variables else None,
+            restarts_before=restarts_before,
         )
         with ledger, signal_handlers_kept(), watch:  # the ledger left last
             try:

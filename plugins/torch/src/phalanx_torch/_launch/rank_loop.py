@@ -192,6 +192,7 @@ class RankLoop:
         heartbeat: Heartbeat | None = None,
         variables: Mapping[str, str] | None = None,
         results: Path | None = None,
+        restarts_before: int = 0,
     ) -> None:
         self.make_handler = make_handler
         #: What every rank's environment has besides its own rank's
@@ -199,6 +200,10 @@ class RankLoop:
         self.variables = dict(variables or {})
         #: Where the ranks of a launch leave their results (None: a script's run).
         self.results = results
+        #: The restarts of the job before this loop's first round (a
+        #: replica group restarted by its launcher runs a loop of its own
+        #: each start): added to the ranks' ``TORCHELASTIC_RESTART_COUNT``.
+        self.restarts_before = restarts_before
         self.command = tuple(command)
         self.num_processes = num_processes
         self.max_restarts = max_restarts
@@ -295,7 +300,7 @@ class RankLoop:
                 first_rank=self.first_rank,
                 world_size=world_size,
                 master=(store_info.master_addr, int(store_info.master_port)),
-                restart_count=self.restart_count,
+                restart_count=self.restarts_before + self.restart_count,
                 max_restarts=self.max_restarts,
                 run_id=self.handler.get_run_id(),
                 use_agent_store=bool(self.handler.use_agent_store),
