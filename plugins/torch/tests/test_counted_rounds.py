@@ -287,14 +287,14 @@ def test_a_node_with_another_secret_in_the_first_place_is_refused_too(store):
 
 def test_ranks_that_do_not_prove_the_secret_are_refused_naming_their_giver(store):
     from phalanx_core import MisconfigurationError
-    from phalanx_torch._nodes.job_secret import JobSecret
+    from phalanx_torch._nodes.job_secret import JobSecret, Signed
 
     class Forged(JobSecret):
         """Proves its node's entry, but not the ranks it gives: ranks
         rewritten by something that is not a node of the job's."""
 
-        def sign(self, *parts: object) -> str:
-            return "0" * 64 if parts[0] == "rank" else super().sign(*parts)
+        def sign(self, message: Signed, *fields: object) -> str:
+            return "0" * 64 if message is Signed.RANK else super().sign(message, *fields)
 
     nodes = secret_nodes(store, ["s3cret", "s3cret"], least=2, most=2)
     nodes[0].secret = Forged("s3cret")
@@ -350,3 +350,18 @@ def test_a_stranger_asking_to_join_a_running_job_starts_no_round_and_is_refused_
     # nodes, and it is not named again.
     assert sorted([*again.values(), result[1]]) == [(0, 3, 1), (1, 3, 1), (2, 3, 1)], (again, result)
     assert job[0].refused == job[1].refused == []
+
+
+def test_a_proof_covers_its_messages_fields_and_proves_no_other_message():
+    from phalanx_torch._nodes.job_secret import FIELDS, JobSecret, Signed
+
+    secret = JobSecret("s3cret")
+    with pytest.raises(TypeError, match="a proof of NODE covers run id, round, place, entry; given 2"):
+        secret.sign(Signed.NODE, "job", 1)
+    with pytest.raises(TypeError, match="covers"):  # checked without a secret too
+        JobSecret(None).proves("-", Signed.RANK, "job")
+    proof = secret.sign(Signed.RANK, "job", 1, 2, "3")
+    assert secret.proves(proof, Signed.RANK, "job", 1, 2, "3")
+    assert not secret.proves(proof, Signed.NODE, "job", 1, 2, "3")  # the same fields, another message
+    assert not JobSecret("other").proves(proof, Signed.RANK, "job", 1, 2, "3")
+    assert set(FIELDS) == set(Signed)

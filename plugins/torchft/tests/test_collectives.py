@@ -224,3 +224,21 @@ def test_a_collective_between_the_groups_that_cannot_serve_them_is_refused_by_na
     with pytest.raises(Exception) as refused:  # noqa: PT011 - MisconfigurationError or UnavailableError
         third_party.resolve("ddp_ft", accelerator="cpu", devices=1, launcher="fork", **options)
     assert message in str(refused.value), str(refused.value)
+
+
+def test_the_group_across_takes_every_argument_torchfts_manager_gives_its_configure():
+    # The quorum's members reach the strategy through the group's configure,
+    # which TorchFT's Manager calls positionally at each new quorum (8
+    # arguments in torchft 0.2; 4 in its first releases): the override must
+    # take exactly what the installed torchft's ProcessGroup.configure does.
+    import datetime
+    import inspect
+
+    from phalanx_torchft._across import across_groups
+    from torchft.process_group import ProcessGroup
+
+    group = across_groups(None, None, datetime.timedelta(seconds=1))
+    ours = inspect.signature(type(group).configure).parameters
+    theirs = inspect.signature(ProcessGroup.configure).parameters
+    assert list(ours) == list(theirs)
+    assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]

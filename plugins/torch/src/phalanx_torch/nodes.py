@@ -7,7 +7,7 @@ import time."""
 from __future__ import annotations
 
 from ._nodes.etcd3 import Etcd3, EtcdRequestError, EtcdUnavailable, job_store
-from ._nodes.job_secret import SECRET_VAR, JobSecret
+from ._nodes.job_secret import SECRET_VAR, JobSecret, Signed
 from ._nodes.rendezvous_place import RendezvousPlace, parse_rendezvous
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "EtcdUnavailable",
     "JobSecret",
     "RendezvousPlace",
+    "Signed",
     "etcd_client",
     "job_store",
     "parse_rendezvous",

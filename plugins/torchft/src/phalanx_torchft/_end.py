@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx_core import MisconfigurationError
+from phalanx_torch.nodes import Signed
 
 __all__ = ["JobEnd"]
 
@@ -443,14 +444,14 @@ class _Signed:
         self._said: set[str] = set()
 
     def set(self, key: str, value: str) -> None:
-        self._store.set(key, f"{self._secret.sign('end', key, value)} {value}")
+        self._store.set(key, f"{self._secret.sign(Signed.END, key, value)} {value}")
 
     def read(self, key: str) -> str | None:
         """The value at ``key``, where one with a good proof is there."""
         if not self._store.check([key]):
             return None
         proof, _, value = bytes(self._store.get(key)).decode(errors="replace").partition(" ")
-        if self._secret.proves(proof, "end", key, value):
+        if self._secret.proves(proof, Signed.END, key, value):
             return value
         if key not in self._said:
             self._said.add(key)

@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx_torch.nodes import Signed
+
 __all__ = ["LEASE", "STEP_DOWN_AFTER", "Election", "Forwarder", "Guard", "step_down_after"]
 
 #: Seconds of the lighthouse's lease in etcd: how long a lost host's
@@ -110,10 +112,10 @@ class _Proofs:
         self.secret = JobSecret.from_environment()
 
     def of(self, role: str, *nonces: str) -> str:
-        return self.secret.sign("lighthouse", role, *nonces)
+        return self.secret.sign(Signed.LIGHTHOUSE, role, *nonces)
 
     def proves(self, proof: str, role: str, *nonces: str) -> bool:
-        return self.secret.proves(proof, "lighthouse", role, *nonces)
+        return self.secret.proves(proof, Signed.LIGHTHOUSE, role, *nonces)
 
 
 def _read_line(sock: socket.socket, limit: int = 256) -> str:

@@ -63,7 +63,6 @@ from phalanx_core.launching import (
 )
 from phalanx_core.network import is_loopback, route_source
 from phalanx_torch.launchers import SubprocessLauncher
-from phalanx_torch.nodes import parse_rendezvous
 
 from ._end import JobEnd
 from ._lighthouse import LEASE, TERM_FILE_VAR
@@ -155,7 +154,7 @@ class ReplicaGroupsLauncher(SubprocessLauncher):
                 "another takes over if its host is lost); give one or the other"
             )
         if min_replicas is None:
-            elected = rendezvous is not None and parse_rendezvous(rendezvous, *self._main()).kind == "etcd"
+            elected = rendezvous is not None and self._place().kind == "etcd"
             min_replicas = replica_groups // 2 + 1 if elected and isinstance(replica_groups, int) else 1
         for name, value in (("replica_groups", replica_groups), ("min_replicas", min_replicas)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -222,6 +222,8 @@ class SubprocessLauncher(Launcher):
         self.max_restarts = max_restarts
         self.min_nodes = min_nodes
         self.rendezvous = rendezvous
+        #: The rendezvous parsed, and from what (see :meth:`_place`).
+        self._parsed: tuple[tuple[Any, ...], RendezvousPlace] | None = None
         self.last_call = float(last_call)
         if num_nodes == 1 and rendezvous not in (None, "c10d"):
             raise MisconfigurationError(
@@ -535,7 +537,14 @@ class SubprocessLauncher(Launcher):
         return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
 
     def _place(self) -> RendezvousPlace:
-        return parse_rendezvous(self.rendezvous, *self._main())
+        """Where the nodes meet: ``rendezvous`` parsed once (a frozen
+        :class:`RendezvousPlace`: its TLS files checked and its password
+        read once), and again only where the main address it defaults to
+        changed (an environment given to the launcher after it was made)."""
+        given = (self.rendezvous, *self._main())
+        if self._parsed is None or self._parsed[0] != given:
+            self._parsed = (given, parse_rendezvous(*given))
+        return self._parsed[1]
 
     @property
     def _hosts_store(self) -> bool:

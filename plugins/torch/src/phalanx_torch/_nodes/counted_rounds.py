@@ -68,7 +68,7 @@ import time
 from typing import Any
 
 from . import job_keys
-from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused
+from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused, Signed
 from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
@@ -149,20 +149,16 @@ class CountedRounds:
         #: another node's failure): the wait raises ``StopRequested``.
         self.stop: threading.Event | None = None
 
-    # -- keys -----------------------------------------------------------------
-
-    @staticmethod
-    def _key(round_: int, name: str) -> str:
-        return job_keys.round_key(round_, name)
+    # -- keys (their names are job_keys') --------------------------------------
 
     def _enter(self, round_: int) -> int:
         """Join round ``round_``: this node's place in it (1 for the first)."""
-        key = self._key(round_, "joined")
+        key = job_keys.joined(round_)
         return int(self.store.enter(key)) if self.by_entries else int(self.store.add(key, 1))
 
     def _joined(self, round_: int) -> int:
         """How many nodes joined round ``round_``."""
-        key = self._key(round_, "joined")
+        key = job_keys.joined(round_)
         return int(self.store.entered(key)) if self.by_entries else int(self.store.add(key, 0))
 
     # -- a round ----------------------------------------------------------------
@@ -184,16 +180,16 @@ class CountedRounds:
             self.place = place = self._enter(round_)
             wanted = "-" if self.wanted is None else str(self.wanted)
             entry = f"{wanted} {self.address} {socket.gethostname()}"
-            proof = self.secret.sign("node", self.run_id, round_, place, entry)
-            store.set(self._key(round_, f"node/{place}"), f"{entry} {proof}")
+            proof = self.secret.sign(Signed.NODE, self.run_id, round_, place, entry)
+            store.set(job_keys.node(round_, place), f"{entry} {proof}")
             if place >= self.min_nodes:
-                store.set(self._key(round_, "min"), "1")
+                store.set(job_keys.least(round_), "1")
             if place >= self.max_nodes and place == self.max_nodes + self._turned_away_in(round_):
                 self._close(round_, str(place))
             end = self._await_end(round_, deadline)
             if end is None:  # out of time: leave the round, unless it closed meanwhile
                 end = self._close(round_, ABANDONED)
-                store.set(self._key(round_, "min"), "1")  # the nodes waiting for it look at its end
+                store.set(job_keys.least(round_), "1")  # the nodes waiting for it look at its end
                 if end == ABANDONED or place > int(end):
                     raise RendezvousTimeoutError  # (what joined() reads stays the round's)
             if end != ABANDONED and place <= int(end):
@@ -206,15 +202,15 @@ class CountedRounds:
             previous = int(store.add(job_keys.OPEN, 0)) - 1  # the round met before (-1: none)
             store.set(job_keys.OPEN, str(round_ + 1))  # where a new node starts
             self._give_ranks(round_, world_size, previous)
-        given = bytes(store.get(self._key(round_, f"rank/{giver}/{place}"))).decode()
+        given = bytes(store.get(job_keys.rank(round_, giver, place))).decode()
         if given == REFUSED:
             raise SecretRefused
         rank_text, _, proof = given.partition(" ")
-        lines = bytes(store.get(self._key(round_, f"left/{giver}"))).decode().split("\n")
+        lines = bytes(store.get(job_keys.left(round_, giver))).decode().split("\n")
         body, last = "\n".join(lines[:-1]), lines[-1].removeprefix("proof ")
         if not (
-            self.secret.proves(proof, "rank", self.run_id, round_, place, rank_text)
-            and self.secret.proves(last, "left", self.run_id, round_, body)
+            self.secret.proves(proof, Signed.RANK, self.run_id, round_, place, rank_text)
+            and self.secret.proves(last, Signed.LEFT, self.run_id, round_, body)
         ):
             raise self._stranger_gave(round_, giver)
         rank = int(rank_text)
@@ -242,8 +238,8 @@ class CountedRounds:
         if not self.secret.on:
             return 1
         for before in range(1, place):
-            entry = bytes(self.store.get(self._key(round_, f"node/{before}"))).decode()
-            if self.secret.proves(_proof(entry), "node", self.run_id, round_, before, _entry(entry)):
+            entry = bytes(self.store.get(job_keys.node(round_, before))).decode()
+            if self.secret.proves(_proof(entry), Signed.NODE, self.run_id, round_, before, _entry(entry)):
                 return before
         return place
 
@@ -253,7 +249,7 @@ class CountedRounds:
         job's, or by a node whose secret is not this node's)."""
         from phalanx_core import MisconfigurationError
 
-        _, address, host = _member(bytes(self.store.get(self._key(round_, f"node/{giver}"))).decode())
+        _, address, host = _member(bytes(self.store.get(job_keys.node(round_, giver))).decode())
         return MisconfigurationError(
             f"the ranks of round {round_} were given by a node that did not prove the job's secret "
             f"({SECRET_VAR}), or were changed since: the giver's place is {giver} (address {address}, host "
@@ -272,13 +268,13 @@ class CountedRounds:
         like its rank (its rank of the round before) from its address."""
         store = self.store
         places = range(1, world_size + 1)
-        keys = [self._key(round_, f"node/{place}") for place in places]
+        keys = [job_keys.node(round_, place) for place in places]
         entries = [bytes(value).decode() for value in store.multi_get(keys)]
         nodes = [_member(entry) for entry in entries]
         # A node that did not prove the job's secret gets no rank (and the
         # round is the smaller by it): its place is marked refused.
         proven = [
-            self.secret.proves(_proof(entry), "node", self.run_id, round_, place, _entry(entry))
+            self.secret.proves(_proof(entry), Signed.NODE, self.run_id, round_, place, _entry(entry))
             for place, entry in zip(places, entries, strict=True)
         ]
         # This node, not the others, is the odd one where it has no secret
@@ -290,7 +286,7 @@ class CountedRounds:
         odd = any(_proof(entry) != NONE for entry in entries) if not self.secret.on else sum(proven) <= rivals
         if odd:
             store.multi_set(
-                [self._key(round_, f"rank/{self.place}/{place}") for place in places],
+                [job_keys.rank(round_, self.place, place) for place in places],
                 [REFUSED for _ in places],
             )
             raise SecretRefused
@@ -298,7 +294,7 @@ class CountedRounds:
         refused = [
             f"{REFUSED} {wanted if wanted >= 0 else '-'} {address} {host}"
             for place, (wanted, address, host), ok in zip(places, nodes, proven, strict=True)
-            if not ok and not store.check([self._key(round_, f"refused/{place}")])
+            if not ok and not store.check([job_keys.refused(round_, place)])
         ]
         order = sorted(
             (wanted if wanted >= 0 else 1 << 62, address, place, host)
@@ -306,12 +302,12 @@ class CountedRounds:
             if ok
         )
         left: list[str] = []
-        if previous >= 0 and store.check([self._key(previous, "members")]):
+        if previous >= 0 and store.check([job_keys.members(previous)]):
             back = {(wanted, address) for wanted, address, _ in nodes}
-            *before, proof = bytes(store.get(self._key(previous, "members"))).decode().split("\n")
+            *before, proof = bytes(store.get(job_keys.members(previous))).decode().split("\n")
             # Members written by a node that is not the job's name no one.
             if self.secret.proves(
-                proof.removeprefix("proof "), "members", self.run_id, previous, "\n".join(before)
+                proof.removeprefix("proof "), Signed.MEMBERS, self.run_id, previous, "\n".join(before)
             ):
                 left = [line for line in before if _member(line)[:2] not in back]
         members = [f"{rank} {address} {host}" for rank, (_, address, _, host) in enumerate(order)]
@@ -321,25 +317,25 @@ class CountedRounds:
         # in this order).
         body = "\n".join([f"{previous} {len(order)}", *left, *refused])
         given = [
-            f"{rank} {self.secret.sign('rank', self.run_id, round_, place, rank)}"
+            f"{rank} {self.secret.sign(Signed.RANK, self.run_id, round_, place, rank)}"
             for rank, (_, _, place, _) in enumerate(order)
         ]
         refused_places = [place for place, ok in zip(places, proven, strict=True) if not ok]
         store.multi_set(
             [
-                self._key(round_, "members"),
-                self._key(round_, f"left/{self.place}"),
-                *(self._key(round_, f"rank/{self.place}/{place}") for _, _, place, _ in order),
-                *(self._key(round_, f"rank/{self.place}/{place}") for place in refused_places),
+                job_keys.members(round_),
+                job_keys.left(round_, self.place),
+                *(job_keys.rank(round_, self.place, place) for _, _, place, _ in order),
+                *(job_keys.rank(round_, self.place, place) for place in refused_places),
             ],
             [
                 "\n".join(
                     [
                         *members,
-                        f"proof {self.secret.sign('members', self.run_id, round_, joined_members)}",
+                        f"proof {self.secret.sign(Signed.MEMBERS, self.run_id, round_, joined_members)}",
                     ]
                 ),
-                f"{body}\nproof {self.secret.sign('left', self.run_id, round_, body)}",
+                f"{body}\nproof {self.secret.sign(Signed.LEFT, self.run_id, round_, body)}",
                 *given,
                 *(REFUSED for _ in refused_places),
             ],
@@ -347,7 +343,7 @@ class CountedRounds:
 
     def _close(self, round_: int, value: str) -> str:
         """Propose the round's end; what it is (the first proposal wins)."""
-        got = self.store.compare_set(self._key(round_, "closed"), "", value)
+        got = self.store.compare_set(job_keys.closed(round_), "", value)
         return bytes(got).decode()
 
     def _await_end(self, round_: int, deadline: float) -> str | None:
@@ -359,7 +355,7 @@ class CountedRounds:
         from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
         store = self.store
-        closed, least = self._key(round_, "closed"), self._key(round_, "min")
+        closed, least = job_keys.closed(round_), job_keys.least(round_)
         # Every end of a round is written after its ``min`` key (a node that
         # leaves writes it too), so one key is looked at each time.
         key = least
@@ -415,7 +411,7 @@ class CountedRounds:
         found: set[str] = set()
         for round_ in self._visited:
             count = self._joined(round_)
-            keys = [self._key(round_, f"node/{place}") for place in range(1, count + 1)]
+            keys = [job_keys.node(round_, place) for place in range(1, count + 1)]
             present = [key for key in keys if self.store.check([key])]
             if present:
                 found.update(_member(bytes(value).decode())[1] for value in self.store.multi_get(present))
@@ -455,14 +451,14 @@ class CountedRounds:
         for place in range(1, count + 1):
             if place in self._looked:
                 continue
-            key = self._key(round_, f"node/{place}")
+            key = job_keys.node(round_, place)
             if not self.store.check([key]):
                 continue
             entry = bytes(self.store.get(key)).decode()
-            ok = self.secret.proves(_proof(entry), "node", self.run_id, round_, place, _entry(entry))
+            ok = self.secret.proves(_proof(entry), Signed.NODE, self.run_id, round_, place, _entry(entry))
             self._looked[place] = ok
-            if not ok and int(self.store.add(self._key(round_, f"refused/{place}"), 1)) == 1:
-                self.store.add(self._key(round_, "refused"), 1)
+            if not ok and int(self.store.add(job_keys.refused(round_, place), 1)) == 1:
+                self.store.add(job_keys.refused(round_), 1)
                 self.turned_away.append(_member(entry))
         return sum(1 for place, ok in self._looked.items() if ok and place <= count)
 
@@ -470,7 +466,7 @@ class CountedRounds:
         """How many places of round ``round_`` were marked refused while
         their nodes waited (see :meth:`_proven_waiting`): the round takes
         ``max_nodes`` more than that, as those nodes have left it."""
-        return int(self.store.add(self._key(round_, "refused"), 0))
+        return int(self.store.add(job_keys.refused(round_), 0))
 
     def _refused_while_waiting(self, round_: int) -> bool:
         """Whether a node of the running job marked this node's place in
@@ -478,16 +474,16 @@ class CountedRounds:
         before, which the job's nodes are in, is not this node's job: its
         members do not prove this node's secret (or prove one, where this
         node has none). A node of the job never takes a mark for itself."""
-        if not self.store.check([self._key(round_, f"refused/{self.place}")]):
+        if not self.store.check([job_keys.refused(round_, self.place)]):
             return False
-        members = self._key(round_ - 1, "members")
+        members = job_keys.members(round_ - 1)
         if round_ < 1 or not self.store.check([members]):
             return False
         *before, proof = bytes(self.store.get(members)).decode().split("\n")
         proof = proof.removeprefix("proof ")
         if not self.secret.on:
             return proof != NONE
-        return not self.secret.proves(proof, "members", self.run_id, round_ - 1, "\n".join(before))
+        return not self.secret.proves(proof, Signed.MEMBERS, self.run_id, round_ - 1, "\n".join(before))
 
     def is_closed(self) -> bool:
         return bool(self.store.check([job_keys.CLOSED]))

@@ -27,10 +27,49 @@ TIMED_OUT = "phalanx/timed-out"
 
 
 def round_key(round_: int, name: str) -> str:
-    """Key ``name`` of round ``round_`` (``joined``, ``node/P``, ``min``,
-    ``closed``, ``rank/G/P`` and ``left/G`` as the node in place G gave them,
-    ``members``)."""
+    """Key ``name`` of round ``round_`` (one of those below)."""
     return f"{RDZV}/{round_}/{name}"
+
+
+def joined(round_: int) -> str:
+    """The nodes that entered round ``round_`` (a counter, or etcd's entrants)."""
+    return round_key(round_, "joined")
+
+
+def node(round_: int, place: int) -> str:
+    """The node in place ``place`` of round ``round_``: its entry and proof."""
+    return round_key(round_, f"node/{place}")
+
+
+def least(round_: int) -> str:
+    """Round ``round_`` has its least number of nodes (the last call runs)."""
+    return round_key(round_, "min")
+
+
+def closed(round_: int) -> str:
+    """Round ``round_`` is closed: its members' count (one compare-and-set)."""
+    return round_key(round_, "closed")
+
+
+def rank(round_: int, giver: int, place: int) -> str:
+    """The rank the node in place ``giver`` gave the node in place ``place``."""
+    return round_key(round_, f"rank/{giver}/{place}")
+
+
+def left(round_: int, giver: int) -> str:
+    """The nodes of the round before that the giver found gone, with its proof."""
+    return round_key(round_, f"left/{giver}")
+
+
+def members(round_: int) -> str:
+    """Round ``round_``'s members, proven (the next round's giver reads them)."""
+    return round_key(round_, "members")
+
+
+def refused(round_: int, place: int | None = None) -> str:
+    """The nodes of round ``round_`` whose entry did not prove the job's
+    secret (a counter), or whether the one in place ``place`` was."""
+    return round_key(round_, "refused" if place is None else f"refused/{place}")
 
 
 def round_store(round_: int, giver: int = 1) -> str:
@@ -77,9 +116,19 @@ def beat(round_: int, node: int, what: str) -> str:
 
 # -- the node watch ----------------------------------------------------------------
 
-#: The prefix of the node watch's keys (``post/I``, ``posts``, ``cause/I``,
-#: ``causes``, ``done``, ``left``): the failures the nodes post.
+#: The prefix of the node watch's keys (those below, in the watch's store):
+#: the failures the nodes post.
 FAILURES = "phalanx/failures"
+#: The nodes that left the watch's store (a counter), and those that said
+#: they were done.
+WATCH_LEFT = "left"
+WATCH_DONE = "done"
+
+
+def posted(kind: str, index: int | None = None) -> str:
+    """The ``kind`` (``post``: a failure seen; ``cause``: one settled)
+    numbered ``index``, or how many there are (a counter)."""
+    return f"{kind}s" if index is None else f"{kind}/{index}"
 
 
 # -- a job that meets once (arrivals) ---------------------------------------------

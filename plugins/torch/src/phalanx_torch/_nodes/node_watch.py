@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any
 from phalanx_core.launching import RankFailure, root_cause
 
 from . import job_keys
-from .job_secret import SECRET_VAR
+from .job_secret import SECRET_VAR, Signed
 from .ledger import JobLedger
 
 if TYPE_CHECKING:
     from .heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
+
+#: What the nodes post (:func:`job_keys.posted`): a failure seen, one settled.
+POST, CAUSE = "post", "cause"
 
 
 #: What a node posts, in place of a failure, to wake its own watch as its
@@ -157,10 +160,10 @@ class NodeWatch:
         with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
             if not self.hosts_store:
-                store.add("left", 1)
+                store.add(job_keys.WATCH_LEFT, 1)
                 return
             deadline = time.monotonic() + self.LEAVE
-            while store.add("left", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+            while store.add(job_keys.WATCH_LEFT, 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                 time.sleep(self.POLL / 4)
 
     def _interrupt(self) -> None:
@@ -184,8 +187,8 @@ class NodeWatch:
         with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
             text = json.dumps(failure.to_dict())
-            self._post(store, "post", text)
-            self._post(store, "cause", text)
+            self._post(store, POST, text)
+            self._post(store, CAUSE, text)
         if self.remote is None:
             self.remote = failure
         self._interrupt()
@@ -212,9 +215,11 @@ class NodeWatch:
     def _post(self, store: Any, kind: str, text: str) -> None:
         """Post ``text`` as the next ``kind`` (``post`` or ``cause``), with
         this node's name and the proof of the job's secret."""
-        index = int(store.add(f"{kind}s", 1))
+        index = int(store.add(job_keys.posted(kind), 1))
         body = f"{self.me} {text}"
-        store.set(f"{kind}/{index}", f"{self.ledger.secret.sign(kind, index, body)} {body}")
+        store.set(
+            job_keys.posted(kind, index), f"{self.ledger.secret.sign(Signed(kind), index, body)} {body}"
+        )
         logger.debug("posted %s %d: %s", kind, index, body[:200])
 
     def _open(self, kind: str, index: int, value: str) -> tuple[str, str] | None:
@@ -222,7 +227,7 @@ class NodeWatch:
         where it does not prove the job's secret (a post made by something
         that is not a node of this job is not a failure of the job's)."""
         proof, _, body = value.partition(" ")
-        if self.ledger.secret.proves(proof, kind, index, body):
+        if self.ledger.secret.proves(proof, Signed(kind), index, body):
             who, _, text = body.partition(" ")
             return who, text
         if not self._unproven and self.ledger.say is not None:
@@ -239,10 +244,10 @@ class NodeWatch:
         """The posts of ``kind`` (``post`` or ``cause``) numbered ``first``
         to ``last`` (to the count posted so far where None)."""
         if last is None:
-            last = int(store.add(f"{kind}s", 0))
+            last = int(store.add(job_keys.posted(kind), 0))
         found = []
         for index in range(first, last + 1):
-            key = f"{kind}/{index}"
+            key = job_keys.posted(kind, index)
             if not store.check([key]):
                 # Counted but not written yet (perhaps by settle() on this
                 # very client, whose set would wait behind a blocking get):
@@ -258,13 +263,13 @@ class NodeWatch:
 
     def _causes(self) -> list[RankFailure]:
         """The other nodes' causes posted so far."""
-        return [failure for _, failure in self._read(self._connect(), "cause")]
+        return [failure for _, failure in self._read(self._connect(), CAUSE)]
 
     def _first_posts(self) -> list[RankFailure]:
         """The other nodes' posts among the first :attr:`FIRST_POSTS`."""
         store = self._connect()
-        count = int(store.add("posts", 0))
-        return [failure for _, failure in self._read(store, "post", 1, min(count, self.FIRST_POSTS))]
+        count = int(store.add(job_keys.posted(POST), 0))
+        return [failure for _, failure in self._read(store, POST, 1, min(count, self.FIRST_POSTS))]
 
     def _watch(self) -> None:
         # Connect once this node has met the others at the job's store (not
@@ -284,13 +289,15 @@ class NodeWatch:
                 self._waiting = True
             while not self._stop.is_set():
                 try:
-                    waiter.wait([f"post/{self._seen + 1}"], datetime.timedelta(seconds=self.WAIT))
+                    waiter.wait(
+                        [job_keys.posted(POST, self._seen + 1)], datetime.timedelta(seconds=self.WAIT)
+                    )
                 except (dist.DistStoreError, LookupError):  # nothing posted (TCPStore, EtcdStore)
                     continue
                 self._seen += 1
                 if self._stop.is_set():
                     return
-                opened = self._open("post", self._seen, store.get(f"post/{self._seen}").decode())
+                opened = self._open(POST, self._seen, store.get(job_keys.posted(POST, self._seen)).decode())
                 if opened is None:
                     continue  # not a node of this job's: read on
                 who, text = opened
@@ -331,7 +338,7 @@ class NodeWatch:
             if self._said_done or self.hosts_store:
                 return
             self._said_done = True
-        store.add("done", 1)
+        store.add(job_keys.WATCH_DONE, 1)
 
     def _wake(self, ended: bool) -> None:
         """Wake this node's watch out of its blocked wait, and let it leave:
@@ -351,7 +358,7 @@ class NodeWatch:
 
         with contextlib.suppress(RuntimeError, ValueError, OSError), etcd3.briefly():
             store = self._connect()
-            self._post(store, "post", _ENDED if ended else _WOKEN)
+            self._post(store, POST, _ENDED if ended else _WOKEN)
         self._thread.join(self.HOLD)
 
     def cause(self) -> RankFailure | None:
@@ -377,9 +384,9 @@ class NodeWatch:
         try:
             store = self._connect()
             text = json.dumps(local.to_dict())
-            self._post(store, "post", text)
+            self._post(store, POST, text)
             if local.order()[0] < 2:
-                self._post(store, "cause", text)
+                self._post(store, CAUSE, text)
             deadline = time.monotonic() + self.HOLD
             posts = self._causes() + known
             # A rank that lost a peer (or was stopped) is rarely the cause:
@@ -394,7 +401,7 @@ class NodeWatch:
             if root_cause(posts).order()[0] >= 2:  # no cause at all: the likeliest of the first posts
                 posts += self._first_posts()
             if self.hosts_store:  # the store goes with this process: let the others read it
-                while store.add("done", 0) < self.num_nodes - 1 and time.monotonic() < deadline:
+                while store.add(job_keys.WATCH_DONE, 0) < self.num_nodes - 1 and time.monotonic() < deadline:
                     time.sleep(self.POLL)
             else:
                 self._say_done(store)

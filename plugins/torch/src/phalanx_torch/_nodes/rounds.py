@@ -40,7 +40,7 @@ from typing import Any
 from phalanx_core.launching import hosted_store
 
 from . import job_keys
-from .job_secret import SECRET_VAR, JobSecret, SecretRefused
+from .job_secret import SECRET_VAR, JobSecret, SecretRefused, Signed
 from .job_store import job_store
 from .rendezvous_place import RendezvousPlace
 
@@ -190,10 +190,10 @@ def _handler_class() -> type:
             if rank == 0:
                 self._round_store = hosted_store(self._listen or "", 0, timeout=self._timeout)
                 where = f"{self._listen or address} {self._round_store.port}"
-                proof = self.secret.sign("ranks-store", self.round, where)
+                proof = self.secret.sign(Signed.RANKS_STORE, self.round, where)
                 store.set(job_keys.RANKS_STORE, f"{where} {proof}")
             address, port, proof = store.get(job_keys.RANKS_STORE).decode().split()
-            if not self.secret.proves(proof, "ranks-store", self.round, f"{address} {port}"):
+            if not self.secret.proves(proof, Signed.RANKS_STORE, self.round, f"{address} {port}"):
                 from phalanx_core import MisconfigurationError
 
                 raise MisconfigurationError(
