@@ -38,10 +38,10 @@ class Rank:
         self.basis = (0, 0)
         self.name = "ddp_ft"
 
-    def _open_step(self) -> None:
+    def open_step(self) -> None:
         pass
 
-    def _deal_basis(self) -> tuple[int, int]:
+    def deal_basis(self) -> tuple[int, int]:
         return self.basis
 
     def batch_to_device(self, batch):  # type: ignore[no-untyped-def]
@@ -93,8 +93,8 @@ def test_a_lost_members_share_is_given_back_and_every_sample_trained_once(worker
                 batch = next(iterators[group, rank])
             batches[group, rank] = (loader_of(ranks, group, rank).epoch, [int(i) for i in batch])
         if healing:  # copies a peer's place, then settles its step as the peers do
-            loader_of(ranks, 1, 0)._heal(loader_of(ranks, 0, 0).state_dict())
-            loader_of(ranks, 1, 1)._heal(loader_of(ranks, 0, 1).state_dict())
+            loader_of(ranks, 1, 0).heal(loader_of(ranks, 0, 0).state_dict())
+            loader_of(ranks, 1, 1).heal(loader_of(ranks, 0, 1).state_dict())
         trained_members = frozenset(dealt[g] for g in taking_part if g in dealt)
         if committed:
             for (group, _), (epoch, ids) in batches.items():
@@ -102,7 +102,7 @@ def test_a_lost_members_share_is_given_back_and_every_sample_trained_once(worker
                     trained[epoch].update(ids)
         for (group, _), (_, loader) in ranks.items():
             if group in dealt or healing:
-                loader._settle(committed, len(dealt), trained_members)
+                loader.settle(committed, len(dealt), trained_members)
         given_back_seen |= bool(loader_of(ranks, 0, 0).given_back)
         states = {repr(loader.state_dict()) for g, (_, loader) in ranks.items() if g[0] != 1}
         assert len(states) == 1, (number, states)  # every survivor at the same place
@@ -128,7 +128,7 @@ def test_a_checkpoint_holds_the_samples_given_back():
     loader = QuorumLoader(strategy, DataLoader(Samples(), batch_size=BATCH), move=False)
     strategy.basis = (3, 0)
     next(iter(loader))
-    loader._settle(True, 3, frozenset({0, 2}))  # member 1's share given back
+    loader.settle(True, 3, frozenset({0, 2}))  # member 1's share given back
     state = loader.state_dict()
     assert state["position"] == GROUPS * RANKS * BATCH
     assert state["given_back"] == [2, 3, 8, 9]  # member 1's ranks' samples of the step, in order
@@ -159,7 +159,7 @@ def an_epoch(loader: QuorumLoader) -> list[int]:
     seen = []
     for batch in loader:
         seen += [int(i) for i in batch]
-        loader._settle(True, 1, frozenset({0}))
+        loader.settle(True, 1, frozenset({0}))
     return seen
 
 
@@ -188,18 +188,18 @@ def test_a_group_that_heals_into_a_later_epoch_skips_the_epochs_its_script_is_be
     batches = iter(peer)
     for _ in range(4):
         next(batches)
-        peer._settle(True, 1, frozenset({0}))
+        peer.settle(True, 1, frozenset({0}))
     _, healed = one_group_loader()
     trained: dict[int, list[int]] = {}
     for epoch in range(4):
         healed.set_epoch(epoch)
         for batch in healed:
             if not trained and healed.epoch == 0:  # its first step: healed, its batch not trained
-                healed._heal(peer.state_dict())
-                healed._settle(True, 1, frozenset({0}))
+                healed.heal(peer.state_dict())
+                healed.settle(True, 1, frozenset({0}))
                 continue
             trained.setdefault(epoch, []).extend(int(i) for i in batch)
-            healed._settle(True, 1, frozenset({0}))
+            healed.settle(True, 1, frozenset({0}))
     # Epochs 0 and 1 of the script gave no batch; epoch 2 the job's rest of
     # it (after the step it healed in, which its peers committed), epoch 3 all of it.
     assert sorted(trained) == [2, 3]
@@ -218,16 +218,16 @@ def test_a_group_that_heals_in_an_epochs_last_step_is_told_at_its_next_set_epoch
     batches = iter(peer)
     for _ in range(SAMPLES // 10 - 1):
         next(batches)
-        peer._settle(True, 1, frozenset({0}))
+        peer.settle(True, 1, frozenset({0}))
     _, healed = one_group_loader()
     passes: dict[int, int] = {}
     for epoch in range(3):
         healed.set_epoch(epoch)
         for _batch in healed:
             if healed.epoch == 0:  # its first step: healed, its batch not trained
-                healed._heal(peer.state_dict())
+                healed.heal(peer.state_dict())
             passes[epoch] = passes.get(epoch, 0) + 1
-            healed._settle(True, 1, frozenset({0}))
+            healed.settle(True, 1, frozenset({0}))
     assert passes == {0: 1, 2: SAMPLES // 10}
     assert "joined the job in epoch 2 (healed from its peers) while its script is at set_epoch(1)" in (
         capsys.readouterr().err
@@ -241,7 +241,7 @@ def test_set_epoch_ahead_starts_that_epoch_but_not_in_the_middle_of_one():
     loader.set_epoch(1)  # a loop numbering its epochs from 1
     assert loader.epoch == 1
     next(iter(loader))
-    loader._settle(True, 1, frozenset({0}))
+    loader.settle(True, 1, frozenset({0}))
     with pytest.raises(
         MisconfigurationError, match=r"set_epoch\(2\).*epoch 1 is under way.*to the epoch's end"
     ):

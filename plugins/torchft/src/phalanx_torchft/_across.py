@@ -23,15 +23,16 @@ from typing import Any
 from phalanx_core import Collective, Membership
 
 from ._lighthouse import TERM_FILE_VAR, term_of
+from ._seams import QuorumSide
 
 __all__ = ["across_groups"]
 
 
-def across_groups(strategy: Any, collective: Collective, timeout: timedelta) -> Any:
+def across_groups(strategy: QuorumSide, collective: Collective, timeout: timedelta) -> Any:
     """A TorchFT ``ProcessGroup`` over ``collective`` (never set up; each
     quorum reconfigures it, its operations bounded by ``timeout``), which
-    tells ``strategy`` each quorum's members as it forms their group (its
-    ``_configured``: the quorum's id, their number, this replica's rank)."""
+    tells ``strategy`` each quorum's members as it forms their group
+    (:meth:`~phalanx_torchft._seams.QuorumSide.quorum_configured`)."""
     from torchft.process_group import ProcessGroupWrapper
 
     from phalanx_torch.process_group import CollectiveProcessGroup
@@ -66,7 +67,7 @@ def across_groups(strategy: Any, collective: Collective, timeout: timedelta) -> 
             )
             collective.reconfigure(membership)
             self._pg = CollectiveProcessGroup(collective, name=f"phalanx-across:{quorum_id}")
-            strategy._configured = (int(quorum_id or 0), int(world_size), int(rank))
+            strategy.quorum_configured(int(quorum_id or 0), int(world_size), int(rank))
 
         def abort(self, errored: bool = True) -> None:
             self._pg = None

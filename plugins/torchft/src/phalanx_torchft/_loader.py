@@ -11,6 +11,8 @@ from typing import Any
 
 from phalanx_core import MisconfigurationError
 
+from ._seams import StepDealer
+
 __all__ = ["QuorumLoader"]
 
 
@@ -77,8 +79,7 @@ class QuorumLoader:
     read again.
     """
 
-    def __init__(self, strategy: Any, loader: Any, *, move: bool = True) -> None:
-        # strategy: the DDPFTStrategy (not imported: it imports this module)
+    def __init__(self, strategy: StepDealer, loader: Any, *, move: bool = True) -> None:
         _check(loader)
         self.loader = loader
         self.dataset = loader.dataset
@@ -168,7 +169,7 @@ class QuorumLoader:
             return None
         strategy = self._strategy
         if self._windows:
-            members, member = strategy._deal_basis()
+            members, member = strategy.deal_basis()
             epoch, back, start = self._replay([*self._pending, members])[-1][:3]
         else:
             epoch = self.epoch
@@ -176,8 +177,8 @@ class QuorumLoader:
             if start >= len(self.dataset) and not back:
                 self._end_epoch()  # what was handed out and never stepped on (an evaluation) is done
                 return None
-            strategy._open_step()
-            members, member = strategy._deal_basis()  # the last quorum seen; the first one waited for
+            strategy.open_step()
+            members, member = strategy.deal_basis()  # the last quorum seen; the first one waited for
         index = member * strategy.world_size + strategy.global_rank
         chunk, _, _, _ = self._chunk(epoch, back, start, members)
         share = chunk[index :: members * strategy.world_size]
@@ -210,7 +211,7 @@ class QuorumLoader:
 
     # -- the step's verdict (from the strategy) ---------------------------------
 
-    def _settle(self, committed: bool, members: int = 0, trained: frozenset[int] = frozenset()) -> None:
+    def settle(self, committed: bool, members: int = 0, trained: frozenset[int] = frozenset()) -> None:
         """The step's batches were dealt to ``members`` members, of which
         those in ``trained`` took part: their samples are taken where the
         step is ``committed``, the others' given back."""
@@ -255,7 +256,7 @@ class QuorumLoader:
         return steps
 
     def _settle_window(self, committed: bool, members: int, trained: frozenset[int]) -> None:
-        """A window's verdict (see :meth:`_settle`), its steps replayed
+        """A window's verdict (see :meth:`settle`), its steps replayed
         (:meth:`_replay`): the samples of the groups that were not in it are
         given back, and those of an epoch the window ran past are dealt at
         the next epoch's start (a lost group's share of an epoch's last
@@ -369,10 +370,10 @@ class QuorumLoader:
                 f"of {len(self.dataset)} samples does not have: load it into a loader of the same data, "
                 "or leave the loader out of the state you load"
             )
-        self._heal(state)
+        self.heal(state)
         self._rolled = False
 
-    def _heal(self, state: Mapping[str, Any]) -> None:
+    def heal(self, state: Mapping[str, Any]) -> None:
         """A peer's place, copied when this group heals (its own hand-outs
         of this step stay, to be settled from there)."""
         self.epoch = int(state["epoch"])

@@ -54,8 +54,8 @@ class HSDPFTStrategy(FaultTolerant, FSDPStrategy):
         """FSDP's all-reduce hook: the group's reduced gradient shard (this
         rank's part of a unit's gradients) averaged over the step's groups,
         in place. TorchFT drops a failed step instead of raising."""
-        self._open_step()
-        self._wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
+        self.open_step()
+        self.wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
         self.manager.allreduce(shard).wait()
 
     def save_checkpoint(

@@ -20,6 +20,7 @@ from phalanx_torch.strategies import DDPStrategy
 
 from ._across import across_groups
 from ._loader import QuorumLoader
+from ._seams import StepOwner, StepSettled
 from ._variables import (
     COMMITTED_FILE_VAR,
     FINISHED_FILE_VAR,
@@ -130,12 +131,12 @@ class FaultTolerant:
         self._quorum_seen = False  # the open step's quorum came (and the job's end was checked)
         self._registered = 0
         self._setups = 0  # setup() calls: each makes the groups alike in a step of its own
-        self._loaders: list[QuorumLoader] = []
+        self._loaders: list[StepSettled] = []
         # Quorums' members as (quorum id, members, this group's index):
         # as TorchFT last configured the groups' gloo group for one (its
         # quorum thread), as of the last quorum this process waited for,
         # and the one the step's batches were dealt by (QuorumLoader).
-        self._configured: tuple[int, int, int] | None = None
+        self._configured: tuple[int, int, int] | None = None  # quorum_configured's
         self._seen_members: tuple[int, int, int] | None = None
         self._step_basis: tuple[int, int, int] | None = None
         self._mixed = False  # the last _trained_members saw groups in their setup beside others
@@ -172,17 +173,23 @@ class FaultTolerant:
         """How many replica groups take part in the current step (its
         quorum's members that are not healing); the gradients are averaged
         over them."""
-        self._wait_quorum()
+        self.wait_quorum()
         return int(self.manager.num_participants())
 
     @property
     def participating(self) -> bool:
         """Whether this group's gradients are part of the current step
         (``False`` in a step where the group heals: TorchFT zeroes them)."""
-        self._wait_quorum()
+        self.wait_quorum()
         return bool(self.manager.is_participating())
 
-    def _wait_quorum(self) -> None:
+    def quorum_configured(self, quorum_id: int, members: int, rank: int) -> None:
+        """The group across the replica groups was formed for quorum
+        ``quorum_id`` of ``members`` groups, this one's rank ``rank``
+        among them (:class:`~phalanx_torchft._seams.QuorumSide`)."""
+        self._configured = (quorum_id, members, rank)
+
+    def wait_quorum(self) -> None:
         """Wait for the quorum of the step in hand, if one is asked for.
         TorchFT raises its lighthouse client's error where none came (a
         Rust ``TimeoutError`` after ``quorum_timeout``, a refused
@@ -361,8 +368,8 @@ class FaultTolerant:
         manager = self.manager
         self._setups += 1
         while True:
-            self._open_step(timeout=self._start_wait)
-            self._wait_quorum()
+            self.open_step(timeout=self._start_wait)
+            self.wait_quorum()
             if manager.current_step() > 0:
                 return  # the step this quorum opened is this group's first; it heals in it
             tensors = [
@@ -409,7 +416,7 @@ class FaultTolerant:
             )
         loader = QuorumLoader(self, dataloader, move=move_to_device)
         self.manager.register_state_dict_fn(
-            f"phalanx_loader_{len(self._loaders)}", loader._heal, loader.state_dict
+            f"phalanx_loader_{len(self._loaders)}", loader.heal, loader.state_dict
         )
         self._loaders.append(loader)
         return loader
@@ -519,7 +526,7 @@ class FaultTolerant:
         dropping the step with it, as a group of one rank does."""
         return timedelta(seconds=2 * self.replica_timeout)
 
-    def _open_step(self, timeout: float | None = None) -> None:
+    def open_step(self, timeout: float | None = None) -> None:
         """Ask for this step's quorum (once per step); wait for it here
         where the step may not compute while it forms."""
         if not self._step_open:
@@ -528,9 +535,9 @@ class FaultTolerant:
             self._quorum_seen = False
             self._verdict = None
             if not self.compute_during_quorum:
-                self._wait_quorum()
+                self.wait_quorum()
 
-    def _deal_basis(self) -> tuple[int, int]:
+    def deal_basis(self) -> tuple[int, int]:
         """The members a step's batches are dealt to, and this group's
         index among them (:class:`QuorumLoader`): those of the last quorum
         this process waited for, so that the step computes while its own
@@ -539,7 +546,7 @@ class FaultTolerant:
         participants, so that a group that heals in it is dealt nothing."""
         if self._step_basis is None:
             if self._seen_members is None:
-                self._wait_quorum()
+                self.wait_quorum()
             seen = self._seen_members
             if self._quorum_seen or seen is None:
                 manager = self.manager
@@ -599,12 +606,12 @@ class FaultTolerant:
             return 0, frozenset()
         return mark % _MEMBERS_MARK, frozenset(i for i, n in enumerate(counts) if n)
 
-    def _commit(self) -> bool:
+    def commit_step(self) -> bool:
         """Whether this step is committed (asked once per step, for every
         optimizer)."""
         if self._verdict is None:
-            self._open_step()
-            self._wait_quorum()
+            self.open_step()
+            self.wait_quorum()
             members, trained = self._trained_members() if self._loaders else (0, frozenset())
             self._verdict = bool(self.manager.should_commit(timeout=self._commit_wait))
             self.committed = self._verdict
@@ -612,13 +619,13 @@ class FaultTolerant:
                 self._told_committed = True
                 _create(os.environ.get(COMMITTED_FILE_VAR))
             for loader in self._loaders:
-                loader._settle(self._verdict, members, trained)
+                loader.settle(self._verdict, members, trained)
             self._step_open = False
             self._step_basis = None
         return self._verdict
 
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
-        self._open_step()
+        self.open_step()
         super().backward(tensor, *args, **kwargs)
 
     def teardown(self) -> None:
@@ -768,8 +775,8 @@ def _average_over_groups(strategy, bucket):  # type: ignore[no-untyped-def]
     if strategy.world_size > 1:
         dist.all_reduce(buffer, group=strategy.process_group)
         buffer.div_(strategy.world_size)
-    strategy._open_step()
-    strategy._wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
+    strategy.open_step()
+    strategy.wait_quorum()  # where none comes, the named error (TorchFT's raises its client's)
     strategy.manager.allreduce(buffer).wait()
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
@@ -781,16 +788,16 @@ class _StepOptimizer:
     step's quorum, ``step()`` steps only where the step is committed.
     Everything else is the wrapped optimizer's (``optim``)."""
 
-    def __init__(self, strategy: DDPFTStrategy, optim: Any) -> None:
+    def __init__(self, strategy: StepOwner, optim: Any) -> None:
         self.optim = optim
         self._strategy = strategy
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._strategy._open_step()
+        self._strategy.open_step()
         self.optim.zero_grad(set_to_none)
 
     def step(self, closure: Any = None) -> Any:
-        if self._strategy._commit():
+        if self._strategy.commit_step():
             return self.optim.step() if closure is None else self.optim.step(closure)
         return None
 

@@ -230,7 +230,7 @@ class Windowed(FaultTolerant):
         self._window_start = _copies(module)
         self._window_basis = self._quorum_basis()
 
-    def _open_step(self, timeout: float | None = None) -> None:
+    def open_step(self, timeout: float | None = None) -> None:
         """A quorum is asked for at a sync only (:meth:`_sync_quorum`); the
         step ``_start_alike`` makes the groups alike in is in the quorum it
         asked for (and, where that step is not committed, in a new one)."""
@@ -240,7 +240,7 @@ class Windowed(FaultTolerant):
             self._asked = False
             self._step_open, self._quorum_seen, self._verdict = True, False, None
             return
-        super()._open_step(timeout)
+        super().open_step(timeout)
 
     def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
         # The strategy within the group's (DDP's, FSDP's): a step between
@@ -255,7 +255,7 @@ class Windowed(FaultTolerant):
         self._healed = False
         self.manager.start_quorum(timeout=timedelta(seconds=timeout or self.quorum_timeout))
         self._step_open, self._quorum_seen = True, False
-        self._wait_quorum()
+        self.wait_quorum()
         self._step_open = False
 
     def _quorum_basis(self) -> tuple[int, int, int] | None:
@@ -306,7 +306,7 @@ class Windowed(FaultTolerant):
             finally:
                 self._step_open, self._quorum_seen = True, False
                 try:
-                    self._wait_quorum()  # NoQuorumError where none came; the job's end
+                    self.wait_quorum()  # NoQuorumError where none came; the job's end
                 finally:
                     self._step_open = False
             self._told = self._sync_members()
@@ -368,9 +368,9 @@ class Windowed(FaultTolerant):
             return
         self._window_basis = self._quorum_basis()
         for loader in self._loaders:
-            loader._settle(committed, members, trained)
+            loader.settle(committed, members, trained)
 
-    def _deal_basis(self) -> tuple[int, int]:
+    def deal_basis(self) -> tuple[int, int]:
         """The members a window's batches are dealt to, and this group's
         index among them: the quorum of the sync that started the window
         (one member, before this group has seen one: its batches are then
