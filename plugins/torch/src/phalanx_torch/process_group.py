@@ -58,6 +58,7 @@ import contextlib
 import itertools
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -377,6 +378,7 @@ class CollectiveProcessGroup(dist.ProcessGroup):
         _MADE[backend.lower()] = self
         if backend.lower() not in dist.Backend.backend_list:
             dist.Backend.register_backend(backend, _made_group, devices=["cpu", "cuda"])
+        hook = sys.excepthook
         try:
             dist.init_process_group(
                 backend,
@@ -386,6 +388,9 @@ class CollectiveProcessGroup(dist.ProcessGroup):
             )
         finally:
             _MADE.pop(backend.lower(), None)
+            # init_process_group marks tracebacks with "[rankN]: "; the
+            # collective's launcher marks its ranks' lines already.
+            sys.excepthook = hook
         self._registered = True
 
     def device_mesh(self, device_type: str) -> Any:
