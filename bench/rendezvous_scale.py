@@ -120,6 +120,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from phalanx_core.launching import RankFailure, hosted_store, root_cause
 from phalanx_torch._nodes import job_keys
+from phalanx_torch._nodes import job_store as _job_store
 from phalanx_torch._nodes import rendezvous_place as _rendezvous_place
 from phalanx_torch._nodes import rounds as _rounds
 from phalanx_torch._nodes.node_watch import NodeWatch as _NodeWatch
@@ -393,7 +394,7 @@ class SimNode:
         configs = {
             "place": place,
             "listen": LOOPBACK,
-            "store": self.client,
+            "job_store": _job_store.JobStore.given(place, self.client, timeout=cfg.timeout, hosted=True),
             "timeout": cfg.timeout,
             "join_timeout": cfg.timeout,
             "last_call_timeout": max(1, math.ceil(cfg.last_call)),

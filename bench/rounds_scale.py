@@ -81,7 +81,7 @@ class Node:
             local_addr=f"node{index}",
             place=place,
             listen=LOOPBACK,
-            store=self.client,
+            job_store=_job_store.JobStore.given(place, self.client, timeout=cfg.timeout, hosted=True),
             timeout=cfg.timeout,
             join_timeout=cfg.timeout,
             last_call_timeout=cfg.last_call,

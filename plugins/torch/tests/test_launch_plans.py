@@ -51,3 +51,94 @@ def test_a_main_address_given_later_is_parsed_again_once(parses, monkeypatch):
     assert launcher._place().endpoint == "127.0.0.1:29656"
     launcher.explain()
     assert len(parses) == 2
+
+
+#: A job whose ranks wait until the test says, then end well.
+HELD_JOB = """
+import os, time, phalanx
+strategy = phalanx.resolve()
+def main(strategy):
+    while os.path.exists({hold!r}):
+        time.sleep(0.1)
+    strategy.barrier()
+strategy.launch(main)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("restarts", [0, 1], ids=["fixed-nodes", "rounds"])
+def test_a_node_holds_at_most_two_connections_to_the_jobs_store(tmp_path, restarts):
+    # The rendezvous, the heartbeat and the node watch's posts share one
+    # connection, the watch's wait has the other (a job in rounds); a job
+    # of fixed nodes has its static rendezvous' own client beside them.
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from phalanx_core.testing.processes import connections_to, new_tag, reap, scheduler_free_environment
+    from phalanx_torch._nodes.job_store import CONNECTIONS
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    hold = tmp_path / "hold"
+    hold.touch()
+    script = tmp_path / "held.py"
+    script.write_text(HELD_JOB.format(hold=str(hold)))
+    tag = new_tag()
+    env = scheduler_free_environment(PHALANX_TEST_TAG=tag)
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "run",
+                "--strategy",
+                "ddp",
+                "--accelerator",
+                "cpu",
+                "--devices",
+                "1",
+                "--num-nodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--main-address",
+                "127.0.0.1",
+                "--main-port",
+                str(port),
+                "--max-restarts",
+                str(restarts),
+                str(script),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    try:
+        pids = [node.pid for node in nodes]
+        held: dict[int, int] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # every part connected once the ranks run
+            held = connections_to(pids, port)
+            if restarts and all(count >= CONNECTIONS for count in held.values()):
+                break
+            if not restarts and all(count >= CONNECTIONS + 1 for count in held.values()):
+                break
+            time.sleep(0.2)
+        time.sleep(2)  # a part that connects late would show now
+        held = connections_to(pids, port)
+        hold.unlink()
+        outputs = [node.communicate(timeout=120)[0] for node in nodes]
+    finally:
+        left = reap(tag)
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert not left
+    allowed = CONNECTIONS if restarts else CONNECTIONS + 1
+    assert set(held.values()) == {allowed}, held

@@ -32,6 +32,7 @@ __all__ = [
     "descendants",
     "is_alive",
     "left_behind",
+    "connections_to",
     "listening_sockets",
     "new_tag",
     "reap",
@@ -242,3 +243,19 @@ def listening_sockets(pids: list[int] | set[int]) -> list[tuple[int, str, int]]:
                     address, port = _address(fields[1])
                     found.append((owner[fields[9]], address, port))
     return sorted(found)
+
+
+def connections_to(pids: list[int] | set[int], port: int) -> dict[int, int]:
+    """How many established TCP connections each of ``pids`` holds to a
+    peer's ``port`` (the clients of a store listening there). Reads
+    ``/proc`` (Linux), as :func:`listening_sockets` does."""
+    owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
+    counts = dict.fromkeys(pids, 0)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                established = len(fields) > 9 and fields[3] == "01"  # 01: ESTABLISHED
+                if established and fields[9] in owner and _address(fields[2])[1] == port:
+                    counts[owner[fields[9]]] += 1
+    return counts

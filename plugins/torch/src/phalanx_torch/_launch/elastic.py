@@ -44,7 +44,7 @@ from .._nodes.elastic_rendezvous import (
     create_static_rendezvous,
 )
 from .._nodes.heartbeat import LOST_AFTER, Heartbeat, interval_for
-from .._nodes.job_store import allow_connections, job_store
+from .._nodes.job_store import CONNECTIONS, JobStore, allow_connections
 from .._nodes.ledger import JobLedger, StopRequested
 from .._nodes.node_watch import NodeWatch
 from .._nodes.rendezvous_place import RendezvousPlace, parse_rendezvous
@@ -395,8 +395,14 @@ class SubprocessLauncher(Launcher):
 
         who = "phalanx run" if prefix_lines else "launcher 'subprocess'"
         if self._hosts_store:
-            allow_connections(4 * self.num_nodes)
+            allow_connections(CONNECTIONS * self.num_nodes)
         rendezvous = self._rendezvous()
+        # The launch's view of the job's store (rounds: the one the rendezvous
+        # uses; fixed nodes: the heartbeat's and the watch's, beside the
+        # static rendezvous' own client).
+        job: JobStore | None = rendezvous.pop("job_store", None)
+        if job is None and self.num_nodes > 1:
+            job = JobStore(self._place(), host=None, timeout=self.rendezvous_timeout)
         # What this launch's parts tell each other (it keeps node 0's store
         # of a static rendezvous until the node watch has left it).
         self._ledger = ledger = JobLedger(functools.partial(say, who))
@@ -429,22 +435,21 @@ class SubprocessLauncher(Launcher):
             tee=Std.ALL if prefix_lines else Std.NONE,
         )
         heartbeat = None
-        if self.num_nodes > 1:  # a host lost without a word fails the round, or ends the job
-            connect = self._watch_store()
-            assert connect is not None  # several nodes
+        if job is not None:  # several nodes: a host lost without a word fails the round, or ends the job
             silent = None
             if self._place().kind == "c10d" and not self._hosts_store:
                 silent = functools.partial(self._store_silent, who)
             interval = interval_for(self.num_nodes, self._place().kind)
-            heartbeat = Heartbeat(connect, interval, self.host_lost_after, on_silent=silent)
+            heartbeat = Heartbeat(job.requests, interval, self.host_lost_after, on_silent=silent)
         # A job in rounds: its rank loop watches the heartbeat; of fixed nodes, the node watch.
         watch = NodeWatch(
-            self._watch_store(),
+            job.requests if job is not None else None,
             self.node_rank,
             self.num_nodes,
             hosts_store=self._hosts_store,
             heartbeat=None if self.elastic else heartbeat,
             ledger=ledger,
+            connect_waiter=job.waits if job is not None else None,
         )
         if heartbeat is not None and not self.elastic:
             heartbeat.on_lost = functools.partial(self._host_lost, watch)
@@ -554,13 +559,6 @@ class SubprocessLauncher(Launcher):
             return False
         return self.node_rank == 0 if self.node_rank is not None else self._main_here
 
-    def _watch_store(self) -> Callable[[], Any] | None:
-        """How the node watch reaches the job's store (None on one node)."""
-        if self.num_nodes == 1:
-            return None
-        place, timeout = self._place(), self.rendezvous_timeout
-        return lambda: job_store(place, host=None, timeout=timeout)
-
     def _store_silent(self, who: str, heartbeat: Heartbeat, seconds: float) -> None:
         """Node 0's store has not answered the heartbeat for ``seconds``:
         node 0 is lost without a word, and every request to its store waits
@@ -640,7 +638,9 @@ class SubprocessLauncher(Launcher):
         place = self._place()
         host, port = place.endpoints[0]
         listen = listen_address(host, port, self.num_nodes)
-        store = job_store(place, host=listen, timeout=timeout) if self._hosts_store else None
+        job = JobStore(place, host=listen if self._hosts_store else None, timeout=timeout)
+        if job.hosted:
+            job.requests()  # node 0's store up before the others ask for it
         return {
             "create": create_rounds,
             "backend": ROUNDS,
@@ -649,7 +649,7 @@ class SubprocessLauncher(Launcher):
             "configs": {
                 "place": place,
                 "listen": listen,
-                "store": store,
+                "job_store": job,
                 "timeout": timeout,
                 "join_timeout": timeout,
                 "last_call_timeout": max(1, math.ceil(self.last_call)),
@@ -658,6 +658,7 @@ class SubprocessLauncher(Launcher):
             "local_addr": listen or None,
             "listen": listen,
             "min_nodes": self.min_nodes,
+            "job_store": job,
         }
 
     def _results(self, folder: Path, index: int) -> list[Any]:

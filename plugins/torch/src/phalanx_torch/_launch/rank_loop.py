@@ -17,14 +17,15 @@ see a rank of ``torchrun``; its error file and its output go where elastic's
 from __future__ import annotations
 
 import contextlib
-import datetime
 import enum
+import functools
 import itertools
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from phalanx_core.launching import STOP_GRACE
 
 from .._nodes import job_keys
 from .._nodes.heartbeat import Heartbeat
+from .._nodes.job_store import read_when_set
 from .._nodes.ledger import JobLedger, StopRequested
 from .failures import lost_words, say, say_restart
 
@@ -71,6 +73,13 @@ class Verdict(enum.Enum):
     RESTART = "restart"
     #: Nodes ask to join: the ranks stop for a new round (not counted).
     JOINED = "joined"
+
+
+def _look_every(nodes: int) -> float:
+    """Seconds between two looks for a key of the round's: 0.05 s for a
+    few nodes, growing with the nodes so that all of them together ask the
+    job's store at most about 2,000 times a second."""
+    return min(1.0, max(0.05, nodes / 2000))
 
 
 #: The name the ranks' role goes by (``ROLE_NAME``), as elastic's agent names it.
@@ -369,14 +378,23 @@ class RankLoop:
             return 0, self.num_processes
         store = info.store
         store.set(job_keys.local_ranks(self.group_rank), str(self.num_processes))
+        # Looked for, not waited for: a wait holds the job's store's
+        # connection, which the heartbeat beats on (_nodes.job_store).
+        look = functools.partial(
+            read_when_set,
+            interval=_look_every(self.group_world_size),
+            stop=self.ledger.stop_requested,
+            stopped=StopRequested,
+        )
         if self.group_rank == 0:
             nodes = range(self.group_world_size)
-            sizes = [int(size) for size in store.multi_get([job_keys.local_ranks(node) for node in nodes])]
+            sizes = [int(size) for size in look(store, [job_keys.local_ranks(node) for node in nodes])]
             firsts = itertools.accumulate([0, *sizes[:-1]])
             store.multi_set(
                 [job_keys.first_rank(node) for node in nodes], [f"{first} {sum(sizes)}" for first in firsts]
             )
-        first, world = bytes(store.get(job_keys.first_rank(self.group_rank))).decode().split()
+        (mine,) = look(store, [job_keys.first_rank(self.group_rank)])
+        first, world = bytes(mine).decode().split()
         return int(first), int(world)
 
     def _after_failure(self, failed: Any, lost: tuple[int, str] | None) -> Verdict:
@@ -464,7 +482,10 @@ class RankLoop:
             with etcd3.briefly():
                 if int(store.add(job_keys.ENDED_COUNT, 1)) >= self.group_world_size:
                     store.set(job_keys.ENDED_ALL, "1")
-                store.wait([job_keys.ENDED_ALL], datetime.timedelta(seconds=EXIT_BARRIER))
+                deadline = time.monotonic() + EXIT_BARRIER
+                pause = _look_every(self.group_world_size)
+                while not store.check([job_keys.ENDED_ALL]) and time.monotonic() < deadline:
+                    time.sleep(pause)  # looked for: a wait would hold the job's store's connection
         except SignalException:
             raise
         except Exception:  # noqa: BLE001 - the node's own ranks ended well: so does the node

@@ -69,6 +69,7 @@ from typing import Any
 
 from . import job_keys
 from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused, Signed
+from .job_store import read_when_set
 from .ledger import StopRequested
 
 __all__ = ["CountedRounds"]
@@ -202,11 +203,22 @@ class CountedRounds:
             previous = int(store.add(job_keys.OPEN, 0)) - 1  # the round met before (-1: none)
             store.set(job_keys.OPEN, str(round_ + 1))  # where a new node starts
             self._give_ranks(round_, world_size, previous)
-        given = bytes(store.get(job_keys.rank(round_, giver, place))).decode()
+        # Written by the giver once it has seen the round closed (at its
+        # own look, up to a poll after this node's): looked for, not waited
+        # for (a wait holds the connection the heartbeat beats on).
+        given_bytes, left_bytes = read_when_set(
+            store,
+            [job_keys.rank(round_, giver, place), job_keys.left(round_, giver)],
+            interval=self.poll(),
+            stop=self.stop,
+            stopped=StopRequested,
+            look_now=place == giver,
+        )
+        given = bytes(given_bytes).decode()
         if given == REFUSED:
             raise SecretRefused
         rank_text, _, proof = given.partition(" ")
-        lines = bytes(store.get(job_keys.left(round_, giver))).decode().split("\n")
+        lines = bytes(left_bytes).decode().split("\n")
         body, last = "\n".join(lines[:-1]), lines[-1].removeprefix("proof ")
         if not (
             self.secret.proves(proof, Signed.RANK, self.run_id, round_, place, rank_text)

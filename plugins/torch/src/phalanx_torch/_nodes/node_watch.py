@@ -96,8 +96,14 @@ class NodeWatch:
         hosts_store: bool,
         heartbeat: Heartbeat | None = None,
         ledger: JobLedger | None = None,
+        connect_waiter: Callable[[], Any] | None = None,
     ) -> None:
+        #: The connection the watch's posts and reads go through (the
+        #: launch's connection for requests that answer at once), and the
+        #: one it waits on for the next post (``connect`` again where none
+        #: is given: a new client each call).
         self.connect = connect
+        self.connect_waiter = connect_waiter
         #: The launch's shared facts: the watch connects once it says this
         #: node met the others (a ledger of its own where none is given).
         self.ledger = ledger if ledger is not None else JobLedger()
@@ -209,8 +215,9 @@ class NodeWatch:
         meanwhile."""
         import torch.distributed as dist
 
-        assert self.connect is not None
-        return dist.PrefixStore(job_keys.FAILURES, self.connect())  # type: ignore[attr-defined]
+        connect = self.connect_waiter or self.connect
+        assert connect is not None
+        return dist.PrefixStore(job_keys.FAILURES, connect())  # type: ignore[attr-defined]
 
     def _post(self, store: Any, kind: str, text: str) -> None:
         """Post ``text`` as the next ``kind`` (``post`` or ``cause``), with

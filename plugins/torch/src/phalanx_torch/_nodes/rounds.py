@@ -41,7 +41,8 @@ from phalanx_core.launching import hosted_store
 
 from . import job_keys
 from .job_secret import SECRET_VAR, JobSecret, SecretRefused, Signed
-from .job_store import job_store
+from .job_store import JobStore, read_when_set
+from .ledger import StopRequested
 from .rendezvous_place import RendezvousPlace
 
 __all__ = ["ELASTIC", "create"]
@@ -64,7 +65,8 @@ def create(params: Any) -> Any:
     config = params.config
     place: RendezvousPlace = config["place"]
     timeout = float(config["timeout"])
-    store = config.get("store") or job_store(place, host=None, timeout=timeout)
+    job: JobStore = config["job_store"]
+    store = job.requests()
     from .counted_rounds import CountedRounds
 
     # The same rounds on both stores: counters on node 0's store, and in
@@ -88,7 +90,7 @@ def create(params: Any) -> Any:
         inner.stop = ledger.stop_requested
         inner.secret = handler.secret = ledger.secret
     handler.say = ledger.say if ledger is not None else None
-    handler.hosts_store = config.get("store") is not None
+    handler.hosts_store = job.hosted
     handler.in_etcd = place.kind == "etcd"
     return handler
 
@@ -192,7 +194,14 @@ def _handler_class() -> type:
                 where = f"{self._listen or address} {self._round_store.port}"
                 proof = self.secret.sign(Signed.RANKS_STORE, self.round, where)
                 store.set(job_keys.RANKS_STORE, f"{where} {proof}")
-            address, port, proof = store.get(job_keys.RANKS_STORE).decode().split()
+            (written,) = read_when_set(
+                store,
+                [job_keys.RANKS_STORE],
+                interval=self._inner.poll(),
+                stop=self._inner.stop,
+                stopped=StopRequested,
+            )
+            address, port, proof = bytes(written).decode().split()
             if not self.secret.proves(proof, Signed.RANKS_STORE, self.round, f"{address} {port}"):
                 from phalanx_core import MisconfigurationError
 
