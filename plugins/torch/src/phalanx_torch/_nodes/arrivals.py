@@ -12,11 +12,14 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx_core import NodeLostError
 
 from . import job_keys
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 __all__ = ["FIRST_SAY", "SAY_EVERY", "meet"]
 
@@ -133,7 +136,7 @@ def _waiting(missing: list[int], num_nodes: int, where: str, left: float) -> str
     )
 
 
-def _linger_for_readers(store: Any, num_nodes: int) -> None:
+def _linger_for_readers(store: Store, num_nodes: int) -> None:
     """Keep node 0's store up a moment, until the nodes that arrived have
     read who is missing (at most 2 s)."""
     arrived = sum(store.check([job_keys.arrived(node)]) for node in range(1, num_nodes))

@@ -65,12 +65,15 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import job_keys
 from .job_secret import NONE, SECRET_VAR, JobSecret, SecretRefused, Signed
 from .job_store import read_when_set
 from .ledger import StopRequested
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["CountedRounds"]
 
@@ -97,7 +100,7 @@ class CountedRounds:
 
     def __init__(
         self,
-        store: Any,
+        store: Any,  # torch's Store, and the etcd store's enter/entered (multi_set: outside torch's stubs)
         run_id: str,
         *,
         min_nodes: int,

@@ -29,10 +29,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import job_keys
 from .ledger import RanksStopper
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        connect: Callable[[], Any],
+        connect: Callable[[], Store],
         interval: float,
         lost_after: float = LOST_AFTER,
         *,
@@ -83,7 +86,7 @@ class Heartbeat:
         #: The watched node and its host, once it is lost: (node rank, host).
         self.lost: tuple[int, str] | None = None
         self._round: tuple[int, int, int] | None = None
-        self._store: Any = None
+        self._store: Store | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,7 +129,7 @@ class Heartbeat:
     def close(self) -> None:
         self._stop.set()
 
-    def _connection(self) -> Any:
+    def _connection(self) -> Store:
         if self._store is None:
             self._store = self.connect()
         return self._store

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from phalanx_core import UnavailableError
 from phalanx_core.launching import hosted_store
@@ -29,7 +29,7 @@ __all__ = ["CONNECTIONS", "JobStore", "allow_connections", "job_store", "read_wh
 logger = logging.getLogger(__name__)
 
 
-def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Any:
+def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> Store:
     """The job's store that outlives its rounds: node 0's ``TCPStore``
     (hosted here, listening on ``host``, where ``host`` is not None; a
     client elsewhere), or a store in the etcd cluster (:mod:`.etcd3`)."""
@@ -40,14 +40,18 @@ def job_store(place: RendezvousPlace, *, host: str | None, timeout: float) -> An
 
         _check_etcd(place, timeout)
         logger.debug("a client of the job's keys in %s", place.describe())
-        return etcd3.job_store(place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access)
+        in_etcd: Store = etcd3.job_store(
+            place.endpoints, f"/phalanx/{place.name}/store", timeout, place.access
+        )
+        return in_etcd
     address, port = place.endpoints[0]
     wait = datetime.timedelta(seconds=timeout)
     logger.debug(
         "%s node 0's store at %s:%d", "hosting" if host is not None else "a client of", address, port
     )
     if host is not None:
-        return hosted_store(host, port, timeout=wait)
+        hosted: Store = hosted_store(host, port, timeout=wait)
+        return hosted
     return dist.TCPStore(address, port, is_master=False, timeout=wait)  # type: ignore[attr-defined]
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .job_secret import JobSecret
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 __all__ = ["JobLedger", "JobRounds", "RanksStopper", "StopRequested"]
 
@@ -109,7 +112,7 @@ class JobLedger:
 
     # -- stores -------------------------------------------------------------------
 
-    def keep(self, store: Any) -> None:
+    def keep(self, store: Store) -> None:
         """Hold ``store`` until the launch ends (:meth:`__exit__`)."""
         self._kept.append(store)
 

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from phalanx_core.launching import RankFailure, root_cause
 
@@ -24,6 +24,8 @@ from .job_secret import SECRET_VAR, Signed
 from .ledger import JobLedger
 
 if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
+
     from .heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -89,14 +91,14 @@ class NodeWatch:
 
     def __init__(
         self,
-        connect: Callable[[], Any] | None,
+        connect: Callable[[], Store] | None,
         node_rank: int | None,
         num_nodes: int,
         *,
         hosts_store: bool,
         heartbeat: Heartbeat | None = None,
         ledger: JobLedger | None = None,
-        connect_waiter: Callable[[], Any] | None = None,
+        connect_waiter: Callable[[], Store] | None = None,
     ) -> None:
         #: The connection the watch's posts and reads go through (the
         #: launch's connection for requests that answer at once), and the
@@ -119,7 +121,7 @@ class NodeWatch:
         self.interrupted_at: float | None = None
         #: This node among the posts: its host and launching process.
         self.me = f"{socket.gethostname()}-{os.getpid()}"
-        self._store: Any = None
+        self._store: Store | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -200,7 +202,7 @@ class NodeWatch:
         self._interrupt()
         self._stop.set()  # the watch reads this post as its own, and leaves
 
-    def _connect(self) -> Any:
+    def _connect(self) -> Store:
         with self._lock:
             if self._store is None:
                 import torch.distributed as dist
@@ -209,7 +211,7 @@ class NodeWatch:
                 self._store = dist.PrefixStore(job_keys.FAILURES, self.connect())  # type: ignore[attr-defined]
             return self._store
 
-    def _connect_waiter(self) -> Any:
+    def _connect_waiter(self) -> Store:
         """The watch's own connection to the job's store: a blocked wait
         holds its client, and settle() and __exit__ post on the other one
         meanwhile."""
@@ -219,7 +221,7 @@ class NodeWatch:
         assert connect is not None
         return dist.PrefixStore(job_keys.FAILURES, connect())  # type: ignore[attr-defined]
 
-    def _post(self, store: Any, kind: str, text: str) -> None:
+    def _post(self, store: Store, kind: str, text: str) -> None:
         """Post ``text`` as the next ``kind`` (``post`` or ``cause``), with
         this node's name and the proof of the job's secret."""
         index = int(store.add(job_keys.posted(kind), 1))
@@ -246,7 +248,7 @@ class NodeWatch:
         return None
 
     def _read(
-        self, store: Any, kind: str, first: int = 1, last: int | None = None
+        self, store: Store, kind: str, first: int = 1, last: int | None = None
     ) -> list[tuple[str, RankFailure]]:
         """The posts of ``kind`` (``post`` or ``cause``) numbered ``first``
         to ``last`` (to the count posted so far where None)."""
@@ -334,7 +336,7 @@ class NodeWatch:
             with self._lock:
                 self._waiting = False
 
-    def _say_done(self, store: Any) -> None:
+    def _say_done(self, store: Store) -> None:
         """Count this node among those done reading the posts, once
         whichever of its watch and its settle() gets there first, and never
         on the node that hosts the store, which counts the others: with a

@@ -35,7 +35,7 @@ import datetime
 import functools
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx_core.launching import hosted_store
 
@@ -44,6 +44,9 @@ from .job_secret import SECRET_VAR, JobSecret, SecretRefused, Signed
 from .job_store import JobStore, read_when_set
 from .ledger import StopRequested
 from .rendezvous_place import RendezvousPlace
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 __all__ = ["ELASTIC", "create"]
 
@@ -126,7 +129,7 @@ def _handler_class() -> type:
         #: The nodes in the round being formed, as this node last read them.
         joined: list[str] = []  # noqa: RUF012 - replaced, never changed in place
 
-        def __init__(self, inner: Any, store: Any, listen: str, timeout: float, place: str = "") -> None:
+        def __init__(self, inner: Any, store: Store, listen: str, timeout: float, place: str = "") -> None:
             self._inner = inner
             self._place_text = place
             self.job_store = store
@@ -134,7 +137,7 @@ def _handler_class() -> type:
             self._timeout = datetime.timedelta(seconds=timeout)
             self._round_store: Any = None
             #: This round's prefixed store in the job's store; its number.
-            self.round_store: Any = None
+            self.round_store: Store | None = None
             self.round = -1
             self.group_rank = -1
             self.group_world_size = 0
