@@ -7,7 +7,7 @@ uses that it should not, counted the same way before and after a change.
 
 Reads the source as text; imports nothing of phalanx or torch. The store
 clients a node and the parses of ``--rendezvous`` a launch are counted by
-tests (``plugins/torch/tests/test_job_store.py``), not here.
+tests (``plugins/torch/tests/test_launch_plans.py``), not here.
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ strategy.launch(main)
 @pytest.mark.parametrize("restarts", [0, 1], ids=["fixed-nodes", "rounds"])
 def test_a_node_holds_at_most_two_connections_to_the_jobs_store(tmp_path, restarts):
     # The rendezvous, the heartbeat and the node watch's posts share one
-    # connection, the watch's wait has the other (a job in rounds); a job
-    # of fixed nodes has its static rendezvous' own client beside them.
+    # connection (a job of fixed nodes: the one its static rendezvous
+    # made), the watch's wait has the other.
     import socket
     import subprocess
     import sys
@@ -127,9 +127,7 @@ def test_a_node_holds_at_most_two_connections_to_the_jobs_store(tmp_path, restar
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # every part connected once the ranks run
             held = connections_to(pids, port)
-            if restarts and all(count >= CONNECTIONS for count in held.values()):
-                break
-            if not restarts and all(count >= CONNECTIONS + 1 for count in held.values()):
+            if all(count >= CONNECTIONS for count in held.values()):
                 break
             time.sleep(0.2)
         time.sleep(2)  # a part that connects late would show now
@@ -140,5 +138,4 @@ def test_a_node_holds_at_most_two_connections_to_the_jobs_store(tmp_path, restar
         left = reap(tag)
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert not left
-    allowed = CONNECTIONS if restarts else CONNECTIONS + 1
-    assert set(held.values()) == {allowed}, held
+    assert set(held.values()) == {CONNECTIONS}, held

@@ -406,6 +406,7 @@ class SubprocessLauncher(Launcher):
         # What this launch's parts tell each other (it keeps node 0's store
         # of a static rendezvous until the node watch has left it).
         self._ledger = ledger = JobLedger(functools.partial(say, who))
+        ledger.job_store = job
         create = rendezvous.pop("create")
         gloo = listen_variables(rendezvous.pop("listen"))
         min_nodes = rendezvous.pop("min_nodes", self.num_nodes)

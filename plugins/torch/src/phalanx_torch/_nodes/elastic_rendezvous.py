@@ -98,6 +98,8 @@ def _static_rendezvous_class() -> type:
                 )
                 if self.ledger is not None:
                     self.ledger.keep(self.store)
+                    if self.ledger.job_store is not None:  # the heartbeat's and the watch's requests too
+                        self.ledger.job_store.adopt(self.store)
             if self.ledger is not None:
                 self.ledger.met()  # node 0's store is up: the node watch may connect
             prefixed = dist.PrefixStore(self.run_id, self.store)  # type: ignore[attr-defined]

@@ -165,6 +165,16 @@ class JobStore:
         job._requests = store
         return job
 
+    def adopt(self, store: Store) -> None:
+        """Make ``store``, a connection a rendezvous of its own made (a
+        job of fixed nodes meets once, at node 0's store), the one for
+        requests, unless one was made already; its requests then wait as
+        long as this view's (the rendezvous' client gave up sooner)."""
+        with self._lock:
+            if self._requests is None:
+                store.set_timeout(datetime.timedelta(seconds=self.timeout))
+                self._requests = store
+
     @property
     def hosted(self) -> bool:
         """Whether this node's launching process hosts the job's store."""

@@ -15,6 +15,8 @@ from .job_secret import JobSecret
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
 
+    from .job_store import JobStore
+
 __all__ = ["JobLedger", "JobRounds", "RanksStopper", "StopRequested"]
 
 
@@ -81,6 +83,10 @@ class JobLedger:
         #: What this node's writes to the job's store prove, and what it
         #: checks of the others' (the job's secret, from the environment).
         self.secret = JobSecret.from_environment()
+        #: The launch's view of the job's store (``job_store.JobStore``), on
+        #: several nodes: a rendezvous that makes its own connection hands
+        #: it over (:meth:`JobStore.adopt`).
+        self.job_store: JobStore | None = None
         #: Set by the node watch: stop this node's ranks (:class:`StopRequested`).
         self.stop_requested = threading.Event()
 
