@@ -336,18 +336,24 @@ def as_world(strategy):
     after_ours = flat_params(ours)
     t = torch.ones(2)
     dist.all_reduce(t)  # no group given: the default, now this one
+    try:  # a group over this world, by torch's backend default: the world's backend makes none
+        dist.new_group([0, 1])
+        new_group = None
+    except MisconfigurationError as exc:
+        new_group = str(exc)
     pg.unregister()
     gone = dist.is_initialized()
-    return after_ours, after_theirs, refused, t, dict(counting.calls), gone
+    return after_ours, after_theirs, refused, t, dict(counting.calls), gone, new_group
 
 
 def test_the_group_can_stand_in_for_torchs_default_group():
-    for ours, theirs, refused, summed, calls, gone in launch(as_world):
+    for ours, theirs, refused, summed, calls, gone, new_group in launch(as_world):
         assert "Default process group has not been initialized" in refused
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
         torch.testing.assert_close(summed, torch.full((2,), 2.0))
         assert calls["all_gather_into"] > 0 and calls["reduce_scatter_into"] > 0 and calls["all_reduce"] == 1
         assert not gone  # unregister gave the default group's place back
+        assert "it makes none of its own. Give new_group a backend of torch's" in new_group
 
 
 # -- torch's collectives, one by one ----------------------------------------------
